@@ -1,0 +1,270 @@
+"""The ledger's tables: SQLAlchemy 2.0 typed models, the single source of truth for the schema.
+
+Alembic migrations under ``ledger/migrations`` must produce exactly this schema (a test compares
+them). Money is stored as integer micro-dollars (``*_micro_usd``) so that reservations and caps
+add up exactly on both SQLite and PostgreSQL. Timestamps are timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+UtcDateTime = DateTime(timezone=True)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict[str, Any]: JSON, datetime: UtcDateTime}
+
+
+class Run(Base):
+    """One evaluation run: a validated config, its caps and its lifecycle state."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    harness: Mapped[str] = mapped_column(String(64))
+    alias: Mapped[str] = mapped_column(String(64), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    task_cap: Mapped[int | None] = mapped_column(Integer)
+    ceiling_override: Mapped[int | None] = mapped_column(Integer)
+    spend_cap_micro_usd: Mapped[int] = mapped_column(BigInteger)
+    priority: Mapped[float] = mapped_column(Float, default=1.0)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config_source: Mapped[str | None] = mapped_column(String(1024))
+    idempotency_key: Mapped[str | None] = mapped_column(String(256), unique=True)
+    failure_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    closed_at: Mapped[datetime | None] = mapped_column()
+
+
+class InstanceResult(Base):
+    """One row per (run, instance): its state, current lease and, once terminal, its outcome."""
+
+    __tablename__ = "instance_results"
+    __table_args__ = (UniqueConstraint("run_id", "instance_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    instance_id: Mapped[str] = mapped_column(String(256))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    heartbeat_at: Mapped[datetime | None] = mapped_column()
+    flow_run_id: Mapped[str | None] = mapped_column(String(64))
+    started_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    calls: Mapped[int] = mapped_column(Integer, default=0)
+    cost_micro_usd: Mapped[int] = mapped_column(BigInteger, default=0)
+    resolved: Mapped[bool | None] = mapped_column(Boolean)
+    error_class: Mapped[str | None] = mapped_column(String(64))
+    error_detail: Mapped[str | None] = mapped_column(Text)
+    patch: Mapped[str | None] = mapped_column(Text)
+
+
+class Job(Base):
+    """The queue: one row per queued instance attempt, deleted when the instance lands."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("run_id", "instance_id", "stage"),
+        Index("ix_jobs_claim", "pool", "visible_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    instance_id: Mapped[str] = mapped_column(String(256))
+    stage: Mapped[str] = mapped_column(String(16), default="harness")
+    pool: Mapped[str] = mapped_column(String(16), default="harness")
+    visible_at: Mapped[datetime] = mapped_column()
+    receive_count: Mapped[int] = mapped_column(Integer, default=0)
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    enqueued_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class LlmCall(Base):
+    """One row per gateway call (retries included): the raw material of the curve refit."""
+
+    __tablename__ = "llm_calls"
+    __table_args__ = (Index("ix_llm_calls_alias_requested_at", "alias", "requested_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    run_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    instance_id: Mapped[str | None] = mapped_column(String(256))
+    alias: Mapped[str] = mapped_column(String(64))
+    harness: Mapped[str | None] = mapped_column(String(64))
+    requested_at: Mapped[datetime] = mapped_column()
+    task_age_s: Mapped[float | None] = mapped_column(Float)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    latency_s: Mapped[float] = mapped_column(Float, default=0.0)
+    pacer_wait_s: Mapped[float] = mapped_column(Float, default=0.0)
+    status: Mapped[int] = mapped_column(Integer)
+    limit_type: Mapped[str | None] = mapped_column(String(16))
+    cost_micro_usd: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class PlannerDecision(Base):
+    """Per planner tick and alias: what the planner saw and decided, and which constraint bound."""
+
+    __tablename__ = "planner_decisions"
+    __table_args__ = (Index("ix_planner_decisions_alias_tick_at", "alias", "tick_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    alias: Mapped[str] = mapped_column(String(64))
+    tick_at: Mapped[datetime] = mapped_column()
+    live: Mapped[int] = mapped_column(Integer)
+    booting: Mapped[int] = mapped_column(Integer)
+    queued: Mapped[int] = mapped_column(Integer)
+    ceiling: Mapped[int] = mapped_column(Integer)
+    launches_allowed: Mapped[int] = mapped_column(Integer)
+    binding: Mapped[str] = mapped_column(String(32))
+    projections: Mapped[dict[str, Any]] = mapped_column(JSON)
+    budgets: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class PacerConfig(Base):
+    """Per alias: the pacer's five constants, their seed and when they were seeded."""
+
+    __tablename__ = "pacer_configs"
+
+    alias: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    calls_per_s: Mapped[float] = mapped_column(Float)
+    tokens_per_s: Mapped[float] = mapped_column(Float)
+    output_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    inflight_tokens: Mapped[float] = mapped_column(Float)
+    burst_s: Mapped[float] = mapped_column(Float)
+    cooldown_s: Mapped[float] = mapped_column(Float)
+    cached_input_counts: Mapped[bool] = mapped_column(Boolean, default=False)
+    seed: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seed_source: Mapped[str] = mapped_column(String(16))
+    seeded_at: Mapped[datetime] = mapped_column()
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class PacerConfigHistory(Base):
+    """Every version a pacer config has had, with who changed it and why."""
+
+    __tablename__ = "pacer_config_history"
+    __table_args__ = (UniqueConstraint("alias", "version"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    alias: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer)
+    values: Mapped[dict[str, Any]] = mapped_column(JSON)
+    changed_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    actor: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text)
+
+
+class HarnessCurve(Base):
+    """A versioned, fitted usage curve for one harness (written by the refit CLI or notebook)."""
+
+    __tablename__ = "harness_curves"
+    __table_args__ = (UniqueConstraint("harness", "version"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    harness: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    sample_count: Mapped[int] = mapped_column(Integer)
+    fit_quality: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source: Mapped[str] = mapped_column(String(256))
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class CapacitySnapshot(Base):
+    """One row per pool per supervisor observation (every 30 s)."""
+
+    __tablename__ = "capacity_snapshots"
+    __table_args__ = (Index("ix_capacity_snapshots_pool_taken_at", "pool", "taken_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(16))
+    taken_at: Mapped[datetime] = mapped_column()
+    running: Mapped[int] = mapped_column(Integer)
+    booting: Mapped[int] = mapped_column(Integer)
+    queued: Mapped[int] = mapped_column(Integer)
+    paused: Mapped[bool] = mapped_column(Boolean)
+    ceiling: Mapped[int] = mapped_column(Integer)
+
+
+class ApiKey(Base):
+    """A provider or gateway key of a run: only its hash is stored, never the raw secret."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    run_id: Mapped[str | None] = mapped_column(ForeignKey("runs.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    external_id: Mapped[str | None] = mapped_column(String(128))
+    spend_cap_micro_usd: Mapped[int] = mapped_column(BigInteger)
+    spent_micro_usd: Mapped[int] = mapped_column(BigInteger, default=0)
+    reserved_micro_usd: Mapped[int] = mapped_column(BigInteger, default=0)
+    state: Mapped[str] = mapped_column(String(16))
+    expires_at: Mapped[datetime] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    revoked_at: Mapped[datetime | None] = mapped_column()
+
+
+class AuditLog(Base):
+    """Every operator action and limit edit. Append-only: the database refuses UPDATE and DELETE."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    at: Mapped[datetime] = mapped_column(server_default=func.now())
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(256))
+    reason: Mapped[str] = mapped_column(Text)
+    old: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    new: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class PauseFlag(Base):
+    """A pause of a pool (``harness``, ``eval``, ``gateway``) or of one run, checked at claim."""
+
+    __tablename__ = "pause_flags"
+
+    scope: Mapped[str] = mapped_column(String(8), primary_key=True)
+    target: Mapped[str] = mapped_column(String(64), primary_key=True)
+    paused: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(String(128))
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())

@@ -1,0 +1,153 @@
+"""Shared test fixtures: real PostgreSQL and Redis on 127.0.0.1, and one Prefect server per session.
+
+In CI (``CI=true``) a missing service fails the test; on a laptop it skips with the reason.
+Each test session gets its own PostgreSQL databases (dropped at the end), so parallel sessions
+on one machine do not collide.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("EVALFLEET_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("EVALFLEET_TEST_REDIS", "redis://127.0.0.1:6379/15")
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+ROOT = Path(__file__).resolve().parent.parent
+
+# Keep Prefect away from ~/.prefect and make a missing server loud instead of slow.
+_PREFECT_HOME = tempfile.mkdtemp(prefix="evalfleet-test-prefect-")
+os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
+
+
+def service_unavailable(what: str, error: Exception) -> None:
+    """Fail in CI, skip elsewhere: a test that needs a service must not silently pass."""
+    message = f"{what} is not reachable: {error}"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _pg_admin_execute(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql)  # type: ignore[arg-type]
+
+
+def _make_pg_database(prefix: str) -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    try:
+        _pg_admin_execute(f'CREATE DATABASE "{name}"')
+    except Exception as exc:
+        service_unavailable("PostgreSQL on 127.0.0.1:5432", exc)
+    return name
+
+
+def _drop_pg_database(name: str) -> None:
+    try:
+        _pg_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except Exception:
+        pass
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """An empty PostgreSQL database for this test session; yields a psycopg SQLAlchemy URL."""
+    name = _make_pg_database("evalfleet_test")
+    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    _drop_pg_database(name)
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A Redis/Valkey database (index 15) flushed before and after the test."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=5)
+    try:
+        client.ping()
+    except Exception as exc:
+        service_unavailable("Redis on 127.0.0.1:6379", exc)
+    client.flushdb()
+    yield REDIS_URL
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def prefect_api_url() -> Iterator[str]:
+    """One real Prefect server for the whole test session, on its own PostgreSQL database."""
+    db = _make_pg_database("evalfleet_prefect")
+    port = free_port()
+    home = tempfile.mkdtemp(prefix="evalfleet-prefect-server-")
+    env = {
+        **os.environ,
+        "PREFECT_HOME": home,
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://postgres@127.0.0.1:5432/{db}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
+    }
+    env.pop("PREFECT_API_URL", None)
+    log_path = Path(home) / "server.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    import httpx
+
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            tail = log_path.read_text(errors="replace")[-2000:]
+            _drop_pg_database(db)
+            pytest.fail(f"Prefect server did not start:\n{tail}")
+        time.sleep(0.5)
+    previous = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = url
+    try:
+        yield url
+    finally:
+        if previous is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        _drop_pg_database(db)
+        shutil.rmtree(home, ignore_errors=True)
