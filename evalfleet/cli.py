@@ -16,9 +16,18 @@ from evalfleet.settings import SettingsError
 # Modules that expose ``register(group)`` to add their commands; imported lazily so that a
 # broken optional area cannot stop `evalfleet --help`.
 COMMAND_MODULES = (
+    "evalfleet.commands.bench",  # first: the others add subcommands to its group
     "evalfleet.commands.db",
     "evalfleet.commands.config",
-    "evalfleet.commands.bench",
+    "evalfleet.commands.bench_queue",
+    "evalfleet.commands.bench_planner",
+    "evalfleet.commands.bench_gateway",
+    "evalfleet.commands.curves",
+    "evalfleet.commands.provider_sim",
+    "evalfleet.commands.gateway",
+    "evalfleet.commands.keys",
+    "evalfleet.commands.run",
+    "evalfleet.commands.demo",
 )
 
 
