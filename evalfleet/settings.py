@@ -66,7 +66,10 @@ class Settings(BaseSettings):
         default=30.0, ge=1.0, le=600.0, description="Seconds between supervisor ticks."
     )
     heartbeat_s: float = Field(
-        default=20.0, ge=0.5, le=600.0, description="Seconds between an instance's lease heartbeats."
+        default=20.0,
+        ge=0.5,
+        le=600.0,
+        description="Seconds between an instance's lease heartbeats.",
     )
     visibility_timeout_s: float = Field(
         default=120.0,

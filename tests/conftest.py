@@ -7,6 +7,7 @@ on one machine do not collide.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-PG_ADMIN_URL = os.environ.get("EVALFLEET_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/test")
+PG_ADMIN_URL = os.environ.get(
+    "EVALFLEET_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/test"
+)
 REDIS_URL = os.environ.get("EVALFLEET_TEST_REDIS", "redis://127.0.0.1:6379/15")
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,10 +67,9 @@ def _make_pg_database(prefix: str) -> str:
 
 
 def _drop_pg_database(name: str) -> None:
-    try:
+    # Best effort at teardown: a database left behind is harmless, a teardown error is noise.
+    with contextlib.suppress(Exception):
         _pg_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    except Exception:
-        pass
 
 
 @pytest.fixture(scope="session")
@@ -112,7 +114,17 @@ def prefect_api_url() -> Iterator[str]:
     log_path = Path(home) / "server.log"
     log = log_path.open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
