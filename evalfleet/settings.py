@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +81,65 @@ class Settings(BaseSettings):
         default=3, ge=1, le=20, description="Attempts before an instance ends `lost` (run default)."
     )
 
-    @field_validator("database_url", "valkey_url")
+    gateway_host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        max_length=255,
+        description="Interface the gateway (`evalfleet gateway serve`) listens on.",
+    )
+    gateway_port: int = Field(
+        default=8300, ge=1, le=65535, description="Port of the gateway (`evalfleet gateway serve`)."
+    )
+    gateway_url: str = Field(
+        default="http://127.0.0.1:8300",
+        min_length=1,
+        max_length=2048,
+        description="Base URL harnesses use to reach the gateway (OpenAI/Anthropic-compatible).",
+    )
+    provider_sim_url: str = Field(
+        default="http://127.0.0.1:8301",
+        min_length=1,
+        max_length=2048,
+        description="Base URL of the simulated provider; the embedded `sim-*` aliases point here.",
+    )
+    provider_admin_key: SecretStr | None = Field(
+        default=None,
+        description="Admin key of the provider's key-minting API (the simulated provider's "
+        "`/admin/keys`). Held in memory only; never logged or stored.",
+    )
+    aliases_file: Path | None = Field(
+        default=None,
+        description="YAML/JSON file of gateway aliases (provider profile + pacer seed constants); "
+        "default: the embedded aliases `sim-anthropic` and `sim-openai`.",
+    )
+    key_ttl_s: float = Field(
+        default=7 * 86_400.0,
+        ge=60.0,
+        le=90 * 86_400.0,
+        description="Lifetime of a run's gateway and provider keys, in seconds.",
+    )
+    gateway_max_retry_wait_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        le=600.0,
+        description="Total seconds the gateway may spend retrying a provider 429/529 (honouring "
+        "retry-after) before passing it to the harness; 0 passes the first one through.",
+    )
+    gateway_pacer: str = Field(
+        default="prefect",
+        pattern="^(prefect|inprocess)$",
+        description="Pacer of `evalfleet gateway serve`: `prefect` (global concurrency limits, "
+        "the source of truth) or `inprocess` (local token buckets only; simulator and tests).",
+    )
+    pacer_sync_interval_s: float = Field(
+        default=3.0,
+        ge=0.1,
+        le=60.0,
+        description="Seconds between re-reads of an alias's Prefect concurrency limits by the "
+        "gateway's local pacer.",
+    )
+
+    @field_validator("database_url", "valkey_url", "gateway_url", "provider_sim_url")
     @classmethod
     def _has_scheme(cls, value: str | None) -> str | None:
         if value is not None and "://" not in value:
