@@ -268,3 +268,18 @@ class PauseFlag(Base):
     reason: Mapped[str] = mapped_column(Text)
     actor: Mapped[str] = mapped_column(String(128))
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class AliasObservation(Base):
+    """Per gateway alias: the provider's latest rate-limit headers, kept by the gateway for the
+    planner (seeding budgets from stated limits, re-seeding a stale config)."""
+
+    __tablename__ = "alias_observations"
+
+    alias: Mapped[str] = mapped_column(String(64), primary_key=True)
+    observed_at: Mapped[datetime] = mapped_column()
+    status: Mapped[int] = mapped_column(Integer)
+    headers: Mapped[dict[str, Any]] = mapped_column(JSON)
+    limits: Mapped[dict[str, Any]] = mapped_column(JSON)
+    last_limit_type: Mapped[str | None] = mapped_column(String(16))
+    last_limited_at: Mapped[datetime | None] = mapped_column()
