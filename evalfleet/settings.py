@@ -139,6 +139,53 @@ class Settings(BaseSettings):
         "gateway's local pacer.",
     )
 
+    project_dir: Path = Field(
+        default=PROJECT_ROOT,
+        description="Checkout that local process workers run flows from (the pull step of the "
+        "process deployments in prefect.yaml).",
+    )
+    launcher: str = Field(
+        default="in-process",
+        pattern="^(in-process|work-pool)$",
+        description="How the dispatcher starts instances: `in-process` (subflows in a bounded "
+        "thread pool; the embedded default) or `work-pool` (run-instance deployments on a pool).",
+    )
+    instance_deployment: str = Field(
+        default="run-instance/process",
+        min_length=3,
+        max_length=200,
+        pattern="^[^/]+/[^/]+$",
+        description="`flow/deployment` the work-pool launcher runs (`run-instance/ecs` on AWS).",
+    )
+    static_cap: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="Most live instances across all runs (also the harness pools' Prefect "
+        "concurrency limit).",
+    )
+    in_process_threads: int = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="Threads of the in-process launcher (its hard bound on live instances).",
+    )
+    dispatch_tick_s: float = Field(
+        default=1.0, ge=0.05, le=60.0, description="Seconds between dispatcher admission passes."
+    )
+    eval_concurrency_min: int = Field(
+        default=1, ge=1, le=10_000, description="Lower bound the eval-pool scaler keeps."
+    )
+    eval_concurrency_max: int = Field(
+        default=16, ge=1, le=10_000, description="Upper bound the eval-pool scaler keeps."
+    )
+    eval_per_slot: int = Field(
+        default=4,
+        ge=1,
+        le=10_000,
+        description="Queued evaluations per eval-pool concurrency slot the scaler provides.",
+    )
+
     @field_validator("database_url", "valkey_url", "gateway_url", "provider_sim_url")
     @classmethod
     def _has_scheme(cls, value: str | None) -> str | None:
