@@ -38,3 +38,31 @@ class StaleLease(EvalfleetError):
 
 class NotFound(EvalfleetError):
     """A run, instance, key or alias that the caller named does not exist."""
+
+
+class KeyManagementError(EvalfleetError):
+    """Minting, storing or revoking a run's provider or gateway key failed (never shows a secret)."""
+
+
+class KeyRejected(EvalfleetError):
+    """A gateway key is unknown, revoked or expired (``reason``); the call is never forwarded."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"gateway key {reason}")
+
+
+class SpendCapExceeded(EvalfleetError):
+    """A call's worst-case cost could take the run past its spend cap; it was not forwarded."""
+
+    def __init__(self, run_id: str, cap: int, spent: int, reserved: int, requested: int) -> None:
+        self.run_id = run_id
+        self.cap = cap
+        self.spent = spent
+        self.reserved = reserved
+        self.requested = requested
+        super().__init__(
+            f"run {run_id}: spend cap reached: this call may cost up to {requested} micro-USD but "
+            f"only {max(0, cap - spent - reserved)} of the cap {cap} remain "
+            f"(spent {spent}, reserved by calls in flight {reserved})"
+        )
