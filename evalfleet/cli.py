@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from evalfleet.errors import EvalfleetError
+from evalfleet.errors import ConfigError, EvalfleetError
 from evalfleet.settings import SettingsError
 
 # Modules that expose ``register(group)`` to add their commands; imported lazily so that a
@@ -60,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 1
+    except ConfigError as exc:
+        # One problem per line, each with the path of the field, so every defect is visible.
+        count = len(exc.problems)
+        click.echo(f"error: {exc.source}: {count} problem{'s' if count != 1 else ''}", err=True)
+        for problem in exc.problems:
+            click.echo(f"  {problem}", err=True)
+        return exc.exit_code
     except (EvalfleetError, SettingsError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
