@@ -338,8 +338,11 @@ def _message(err: Any) -> str:
         if message.startswith(prefix):
             message = replacement + message[len(prefix) :]
             break
+    value = err.get("input")
+    if kind == "float_type" and isinstance(value, int) and not isinstance(value, bool):
+        return "number is too large"
     if kind.endswith("_type") or kind in {"is_instance_of", "model_type", "dataclass_type"}:
-        message += f" (got {_kind(err.get('input'))})"
+        message += f" (got {_kind(value)})"
     if kind == "finite_number":
         message = "must be a finite number (not NaN or infinity)"
     return message
