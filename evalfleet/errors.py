@@ -66,3 +66,26 @@ class SpendCapExceeded(EvalfleetError):
             f"only {max(0, cap - spent - reserved)} of the cap {cap} remain "
             f"(spent {spent}, reserved by calls in flight {reserved})"
         )
+
+
+class HarnessFailed(EvalfleetError):
+    """The agent (or evaluator) itself failed on an instance: scored as ``error``, not retried.
+
+    ``error_class`` is a short machine label (``harness_exit``, ``harness_no_result``, ...);
+    ``detail`` holds what an operator needs (e.g. the tail of the program's stderr), never a key.
+    """
+
+    def __init__(self, error_class: str, detail: str) -> None:
+        self.error_class = error_class
+        self.detail = detail
+        super().__init__(f"{error_class}: {detail}")
+
+
+class InfrastructureFailure(EvalfleetError):
+    """Not the agent's fault (429 after retries, provider or gateway down, lost worker): the
+    instance goes back to the queue and is never scored for it."""
+
+    def __init__(self, error_class: str, detail: str) -> None:
+        self.error_class = error_class
+        self.detail = detail
+        super().__init__(f"{error_class}: {detail}")
