@@ -339,6 +339,8 @@ def _message(err: Any) -> str:
             message = replacement + message[len(prefix) :]
             break
     value = err.get("input")
+    if kind in {"model_type", "dict_type", "model_attributes_type"}:
+        return f"must be a mapping of keys to values (got {_kind(value)})"
     if kind == "float_type" and isinstance(value, int) and not isinstance(value, bool):
         return "number is too large"
     if kind.endswith("_type") or kind in {"is_instance_of", "model_type", "dataclass_type"}:

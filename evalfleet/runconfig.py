@@ -401,10 +401,11 @@ class RunConfig(_Strict):
     def summary(self) -> str:
         """One line for humans: name, harness, evaluator, alias, instance count and caps."""
         evaluator = self.evaluator.name if self.evaluator is not None else "none"
+        count = len(self.instances)
         tasks = "no task cap" if self.caps.tasks is None else f"tasks {self.caps.tasks}"
         return (
             f"{self.name}: harness {self.harness.name}, evaluator {evaluator}, "
-            f"alias {self.alias}, {len(self.instances)} instances, "
+            f"alias {self.alias}, {count} instance{'' if count == 1 else 's'}, "
             f"caps: spend ${self.caps.spend_usd:,.2f}, {tasks}; "
             f"max_attempts {self.max_attempts}, priority {self.priority:g}, "
             f"instance timeout {self.timeouts.instance_s:g}s"
