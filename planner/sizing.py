@@ -1,0 +1,348 @@
+"""Projection and fleet sizing: from the live fleet, the curves and the budgets to one Decision.
+
+Owns the planner's core arithmetic (DESIGN.md, Planner steps 1-3 and 5):
+
+* Projection. Over a horizon (grid of ``step_s``), each budgeted quantity q (calls/s, counted
+  tokens/s, output tokens/s, in-flight tokens) is projected for the live fleet — a task of age a
+  contributes ``rate_q(a+t) * S(a+t)/S(a)`` — plus every booting or new task, which starts as an
+  age-0 task after the boot delay. A slot whose task finishes is refilled from the queue (when
+  work is queued) and contributes the slot's steady-state rate ``r_q = ∫rate_q S / (boot + ∫S)``.
+  Demand is linear in the number k of new tasks: ``D_q(t; k) = A_q(t) + (booting + k) P_q(t)``.
+* Sizing. The fleet target saturates the first budget to fill: the smallest k whose mean demand
+  over the horizon reaches ``overdrive x budget`` (a little above it, so the pacer always has a
+  call to admit: binding ``paced``). It is bounded by how long calls may wait at the pacer (no
+  quantity's projected peak above ``max_overdrive x budget``, where ``max_overdrive = 1 +
+  max_wait_s / mean gap between a task's calls``: a closed fleet paced at the budget stretches
+  every task by its overdrive) and by the in-flight token budget; a bound that cuts the target
+  names its budget (``qps_budget``, ``arrival_budget``, ``inflight_budget``).
+* Caps, pause, cooldown and stale config turn the target into the ceiling and the launches
+  allowed now (see ``Binding`` for the order).
+
+Pure: the clock is an argument, nothing is read from the environment. Ages are binned (``age_bin_s``)
+so one decision costs the same for 100 or 10,000 live tasks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.decision import Binding, Decision, Quantity
+
+FloatArray = NDArray[np.float64]
+
+
+class Curve(Protocol):
+    """What sizing needs from a harness curve (planner.curves.HarnessCurve provides it).
+
+    Every rate is per task still running at that age; ``survival`` is the share still running.
+    """
+
+    def calls_per_s(self, age: FloatArray) -> FloatArray: ...
+
+    def cached_input_tokens_per_s(self, age: FloatArray) -> FloatArray: ...
+
+    def uncached_input_tokens_per_s(self, age: FloatArray) -> FloatArray: ...
+
+    def output_tokens_per_s(self, age: FloatArray) -> FloatArray: ...
+
+    def inflight_tokens(self, age: FloatArray) -> FloatArray: ...
+
+    def survival(self, age: FloatArray) -> FloatArray: ...
+
+
+class BudgetLike(Protocol):
+    """The pacer budgets sizing reads (planner.budgets.Budgets provides them). Per second."""
+
+    @property
+    def calls_per_s(self) -> float: ...
+
+    @property
+    def tokens_per_s(self) -> float: ...
+
+    @property
+    def output_tokens_per_s(self) -> float | None: ...
+
+    @property
+    def inflight_tokens(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Counting:
+    """Which tokens the alias's token budget counts: uncached input always, cache reads when
+    ``cached_input_counts``, output too when the provider has one ``combined`` token limit."""
+
+    cached_input_counts: bool = False
+    combined: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """Task caps on the alias's fleet: static (pool), per run, operator override; None = none."""
+
+    static: int | None = None
+    run: int | None = None
+    override: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SizingConfig:
+    """The planner's tuning constants."""
+
+    horizon_s: float = 300.0
+    step_s: float = 15.0
+    boot_s: float = 60.0
+    overdrive: float = 1.10
+    max_wait_s: float = 6.0
+    age_bin_s: float = 5.0
+    stale_floor: int = 1
+    integration_age_s: float = 7200.0
+
+    def __post_init__(self) -> None:
+        if not (self.horizon_s > 0 and self.step_s > 0 and self.horizon_s >= self.step_s):
+            raise ValueError("horizon_s and step_s must be positive, horizon_s >= step_s")
+        if self.boot_s < 0 or self.max_wait_s < 0 or self.age_bin_s <= 0:
+            raise ValueError("boot_s and max_wait_s must be >= 0, age_bin_s > 0")
+        if self.overdrive < 1.0:
+            raise ValueError("overdrive must be >= 1 (the pacer must have demand to hold back)")
+        if self.stale_floor < 1:
+            raise ValueError("stale_floor must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetState:
+    """The alias's fleet and flags at one tick. ``ages`` are the running tasks' ages (seconds)."""
+
+    now: float
+    ages: FloatArray
+    booting: int
+    queued: int
+    paused: bool = False
+    in_cooldown: bool = False
+    stale: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyState:
+    """Per-slot figures of a curve, integrated once: steady-state rate per quantity, mean gap."""
+
+    slot_rates: MappingProxyType[str, float]
+    mean_gap_s: float
+
+
+def _token_rate(curve: Curve, age: FloatArray, counting: Counting) -> FloatArray:
+    rate = curve.uncached_input_tokens_per_s(age)
+    if counting.cached_input_counts:
+        rate = rate + curve.cached_input_tokens_per_s(age)
+    if counting.combined:
+        rate = rate + curve.output_tokens_per_s(age)
+    return rate
+
+
+def _rates(curve: Curve, age: FloatArray, counting: Counting) -> dict[Quantity, FloatArray]:
+    return {
+        Quantity.CALLS: curve.calls_per_s(age),
+        Quantity.TOKENS: _token_rate(curve, age, counting),
+        Quantity.OUTPUT_TOKENS: curve.output_tokens_per_s(age),
+        Quantity.INFLIGHT_TOKENS: curve.inflight_tokens(age),
+    }
+
+
+def steady_state(curve: Curve, counting: Counting, boot_s: float, max_age_s: float) -> SteadyState:
+    """A refilled slot's long-run demand per quantity, and a task's mean gap between calls."""
+    age = np.linspace(0.0, max_age_s, 2881)
+    surv = np.clip(curve.survival(age), 0.0, 1.0)
+    life = float(np.trapezoid(surv, age))
+    rates = _rates(curve, age, counting)
+    slot = {q.value: float(np.trapezoid(r * surv, age)) / (boot_s + life) for q, r in rates.items()}
+    calls = float(np.trapezoid(rates[Quantity.CALLS] * surv, age))
+    gap = life / calls if calls > 0 else math.inf
+    return SteadyState(slot_rates=MappingProxyType(slot), mean_gap_s=gap)
+
+
+def _bin_ages(ages: FloatArray, bin_s: float) -> tuple[FloatArray, FloatArray]:
+    if ages.size == 0:
+        return np.zeros(0), np.zeros(0)
+    keys = np.floor(np.maximum(ages, 0.0) / bin_s).astype(np.int64)
+    uniq, counts = np.unique(keys, return_counts=True)
+    return (uniq.astype(np.float64) + 0.5) * bin_s, counts.astype(np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """Demand over the horizon grid: ``live[q]`` = A_q(t), ``per_new[q]`` = P_q(t)."""
+
+    grid: FloatArray
+    live: dict[Quantity, FloatArray]
+    per_new: dict[Quantity, FloatArray]
+    live_finishes: float
+
+
+def project(
+    curve: Curve,
+    ages: FloatArray,
+    counting: Counting,
+    config: SizingConfig,
+    steady: SteadyState,
+    refill: float,
+) -> Projection:
+    """Project every quantity for the live fleet and for one new task (refill share ``refill``)."""
+    grid = np.arange(config.step_s, config.horizon_s + config.step_s / 2, config.step_s)
+    centers, counts = _bin_ages(ages, config.age_bin_s)
+    slot = {q: steady.slot_rates[q.value] * refill for q in Quantity}
+    live: dict[Quantity, FloatArray] = {}
+    finishes = 0.0
+    if centers.size:
+        future = (centers[:, None] + grid[None, :]).ravel()
+        s_now = np.maximum(np.clip(curve.survival(centers), 0.0, 1.0), 1e-9)
+        s_fut = np.clip(curve.survival(future), 0.0, 1.0).reshape(centers.size, grid.size)
+        cond = np.minimum(s_fut / s_now[:, None], 1.0)
+        gone = (counts[:, None] * (1.0 - cond)).sum(axis=0)
+        finishes = float(gone[-1])
+        for q, rate in _rates(curve, future, counting).items():
+            mat = rate.reshape(centers.size, grid.size) * cond
+            live[q] = counts @ mat + gone * slot[q]
+    else:
+        live = {q: np.zeros(grid.size) for q in Quantity}
+    u = grid - config.boot_s
+    started = u >= 0
+    uu = np.maximum(u, 0.0)
+    s_new = np.where(started, np.clip(curve.survival(uu), 0.0, 1.0), 1.0)
+    per_new = {
+        q: np.where(started, rate * s_new + (1.0 - s_new) * slot[q], 0.0)
+        for q, rate in _rates(curve, uu, counting).items()
+    }
+    return Projection(grid=grid, live=live, per_new=per_new, live_finishes=finishes)
+
+
+def _budget_of(budgets: BudgetLike, q: Quantity) -> float | None:
+    value: float | None = getattr(budgets, q.value)
+    if value is None or not math.isfinite(value):
+        return None
+    return max(float(value), 0.0)
+
+
+_BOUND_BINDING = {
+    Quantity.CALLS: Binding.QPS_BUDGET,
+    Quantity.TOKENS: Binding.ARRIVAL_BUDGET,
+    Quantity.OUTPUT_TOKENS: Binding.ARRIVAL_BUDGET,
+    Quantity.INFLIGHT_TOKENS: Binding.INFLIGHT_BUDGET,
+}
+_BIG = 10**9
+
+
+def _size(
+    proj: Projection, budgets: BudgetLike, booting: int, config: SizingConfig, o_max: float
+) -> tuple[int, Binding, Quantity | None]:
+    """New tasks k to add (may be negative), the budget binding, the saturating quantity."""
+    k_sat, saturating = _BIG, None
+    for q in (Quantity.CALLS, Quantity.TOKENS, Quantity.OUTPUT_TOKENS):
+        budget = _budget_of(budgets, q)
+        per_new = float(proj.per_new[q].mean())
+        if budget is None or per_new <= 0:
+            continue
+        need = (config.overdrive * budget - float(proj.live[q].mean())) / per_new
+        k = math.ceil(need - 1e-9) - booting
+        if k < k_sat:
+            k_sat, saturating = k, q
+    k, binding = k_sat, Binding.PACED
+    for q in Quantity:
+        budget = _budget_of(budgets, q)
+        if budget is None:
+            continue
+        limit = budget * (1.0 if q is Quantity.INFLIGHT_TOKENS else o_max)
+        per_task = proj.per_new[q]
+        mask = per_task > 0
+        if not bool(mask.any()):
+            continue
+        room = (limit - proj.live[q][mask]) / per_task[mask]
+        k_max = math.floor(float(room.min()) + 1e-9) - booting
+        if k_max < k:
+            k, binding = k_max, _BOUND_BINDING[q]
+    return k, binding, saturating
+
+
+def decide(
+    fleet: FleetState,
+    curve: Curve,
+    budgets: BudgetLike,
+    counting: Counting,
+    caps: Caps,
+    config: SizingConfig,
+    steady: SteadyState | None = None,
+) -> Decision:
+    """One planner decision for one alias (see the module docstring for the method).
+
+    ``steady`` may be passed in to skip integrating the curve each tick (see ``steady_state``).
+    """
+    if steady is None:
+        steady = steady_state(curve, counting, config.boot_s, config.integration_age_s)
+    running = int(fleet.ages.size)
+    live = running + fleet.booting
+    o_max = 1.0 + (config.max_wait_s / steady.mean_gap_s if steady.mean_gap_s > 0 else 0.0)
+    o_max = max(o_max, config.overdrive)
+
+    proj = project(curve, fleet.ages, counting, config, steady, refill=1.0)
+    k, binding, saturating = _size(proj, budgets, fleet.booting, config, o_max)
+    expected_finishes = proj.live_finishes + max(k + fleet.booting, 0) * float(
+        1.0 - curve.survival(np.array([max(config.horizon_s - config.boot_s, 0.0)]))[0]
+    )
+    spare = fleet.queued - max(k, 0)
+    if spare < expected_finishes:
+        refill = max(spare, 0) / expected_finishes if expected_finishes > 0 else 0.0
+        proj = project(curve, fleet.ages, counting, config, steady, refill=refill)
+        k, binding, saturating = _size(proj, budgets, fleet.booting, config, o_max)
+
+    k = min(k, fleet.queued)
+    target = max(live + k, 0)
+    ceiling = target
+    for cap, name in (
+        (caps.static, Binding.AT_CAPACITY),
+        (caps.run, Binding.RUN_CAP),
+        (caps.override, Binding.CEILING_OVERRIDE),
+    ):
+        if cap is not None and cap <= ceiling:
+            ceiling, binding = max(cap, 0), name
+    if fleet.stale:
+        if fleet.queued > 0 and ceiling < config.stale_floor and binding not in _OPERATOR_CAPS:
+            ceiling = min(config.stale_floor, *_present_caps(caps))
+        binding = Binding.STALE_CONFIG if binding not in _OPERATOR_CAPS else binding
+    launches = max(0, min(ceiling - live, fleet.queued))
+    if fleet.in_cooldown:
+        binding, ceiling, launches = Binding.COOLDOWN, min(ceiling, live), 0
+    if fleet.queued == 0:
+        binding, launches = Binding.NO_WORK, 0
+    if fleet.paused:
+        binding, ceiling, launches = Binding.PAUSED, min(ceiling, live), 0
+
+    n_new = fleet.booting + max(ceiling - live, 0)
+    projections = {
+        q.value: float((proj.live[q] + n_new * proj.per_new[q]).mean()) for q in Quantity
+    }
+    budget_view = {q.value: v for q in Quantity if (v := _budget_of(budgets, q)) is not None}
+    return Decision(
+        now=fleet.now,
+        live=live,
+        booting=fleet.booting,
+        queued=fleet.queued,
+        ceiling=ceiling,
+        launches_allowed=launches,
+        binding=binding,
+        target=target,
+        saturating=saturating,
+        projections=MappingProxyType(projections),
+        budgets=MappingProxyType(budget_view),
+        stale=fleet.stale,
+    )
+
+
+_OPERATOR_CAPS = (Binding.RUN_CAP, Binding.CEILING_OVERRIDE)
+
+
+def _present_caps(caps: Caps) -> list[int]:
+    return [c for c in (caps.static, caps.run, caps.override) if c is not None] + [_BIG]
