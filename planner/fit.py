@@ -1,0 +1,446 @@
+"""Fitting a ``HarnessCurve`` from a table of LLM calls, and checking one against held-out calls.
+
+Input: one row per LLM call (``instance_id``, ``t_request_s`` = seconds since the instance's
+container started, ``input_tokens`` (cached included), ``cached_input_tokens``,
+``output_tokens``) and, optionally, one row per instance with ``wall_time_s`` (container start to
+end). Without instances, a task is taken to end when its last call's response arrives.
+
+Method (exposure-based, so every rate is per *running* task):
+1. Each instance is alive on ``[0, wall_time_s]``; the exposure of an age bin is the sum of
+   alive task-seconds in it. Rate in a bin = events in the bin / exposure of the bin.
+2. Bins with little exposure (few tasks live to high ages) are pooled with their neighbours
+   until each pooled bin has at least ``min_exposure_s`` task-seconds; its node sits at the
+   exposure-weighted mean age. The curve interpolates linearly between nodes, flat outside.
+3. In flight: the traces hold request times, not latencies, so a call is assumed in flight for
+   ``latency_base_s + latency_per_output_token_s * output_tokens`` seconds, cut at the next
+   request of the same instance (or the instance's end). In-flight tokens of a bin = the
+   integral over the bin of (input + output) tokens of the calls in flight / exposure.
+4. Survival: the empirical share of instances alive, on a ``survival_step_s`` grid, up to the
+   age where only ``tail_min_alive`` instances remain; beyond it an exponential tail whose mean
+   is those instances' mean residual life.
+
+``check_curve`` compares a curve with observed calls per age bin (exposure-weighted, so the
+comparison is fair whatever the survival of the held-out set) and reports relative errors.
+Pure computation: pandas and numpy only; errors in the data raise ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import scipy.optimize
+
+from evalfleet.errors import ConfigError
+from planner.curves import HarnessCurve
+
+FloatArray = npt.NDArray[np.float64]
+
+CALL_COLUMNS = (
+    "instance_id",
+    "t_request_s",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+)
+CHECKED_QUANTITIES = (
+    "calls_per_s",
+    "input_tokens_per_s",
+    "uncached_input_tokens_per_s",
+    "cached_input_tokens_per_s",
+    "output_tokens_per_s",
+)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """A fitted curve with the size of the sample it came from and in-sample quality figures."""
+
+    curve: HarnessCurve
+    sample_count: int
+    instance_count: int
+    quality: dict[str, float]
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    instance_ids: npt.NDArray[np.object_]
+    durations: FloatArray  # per instance, aligned with instance_ids
+    call_instance: npt.NDArray[np.intp]  # index into instance_ids, per call
+    age: FloatArray
+    cached: FloatArray
+    uncached: FloatArray
+    output: FloatArray
+    latency: FloatArray  # per call, after cutting at the next request / the end
+
+
+def _numeric(df: pd.DataFrame, column: str, source: str, problems: list[str]) -> FloatArray:
+    values = np.asarray(pd.to_numeric(df[column], errors="coerce"), dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        problems.append(f"{source}.{column}: {int(bad.sum())} missing or non-numeric values")
+    return values
+
+
+def _binsum(idx: npt.NDArray[np.intp], weights: FloatArray | None, n_bins: int) -> FloatArray:
+    return np.asarray(np.bincount(idx, weights=weights, minlength=n_bins), dtype=np.float64)
+
+
+def _prepare(
+    calls: pd.DataFrame,
+    instances: pd.DataFrame | None,
+    latency_base_s: float,
+    latency_per_output_token_s: float,
+) -> _Prepared:
+    problems: list[str] = []
+    missing = [c for c in CALL_COLUMNS if c not in calls.columns]
+    if missing:
+        raise ConfigError("calls", [f"missing columns: {', '.join(missing)}"])
+    if calls.empty:
+        raise ConfigError("calls", ["no calls to fit"])
+    t = _numeric(calls, "t_request_s", "calls", problems)
+    tokens_in = _numeric(calls, "input_tokens", "calls", problems)
+    cached = _numeric(calls, "cached_input_tokens", "calls", problems)
+    out = _numeric(calls, "output_tokens", "calls", problems)
+    if problems:
+        raise ConfigError("calls", problems)
+    for name, arr in (("input_tokens", tokens_in), ("cached_input_tokens", cached)):
+        if (arr < 0).any():
+            problems.append(f"calls.{name}: {int((arr < 0).sum())} negative values")
+    if (out < 0).any():
+        problems.append(f"calls.output_tokens: {int((out < 0).sum())} negative values")
+    if (cached > tokens_in).any():
+        problems.append(
+            f"calls.cached_input_tokens: {int((cached > tokens_in).sum())} rows exceed input_tokens"
+        )
+    if problems:
+        raise ConfigError("calls", problems)
+
+    ids = calls["instance_id"].astype(str).to_numpy()
+    age = np.maximum(t, 0.0)  # requests can be logged slightly before the container start
+    order = np.lexsort((age, ids))
+    ids, age, tokens_in, cached, out = (
+        ids[order],
+        age[order],
+        tokens_in[order],
+        cached[order],
+        out[order],
+    )
+    uniq, call_instance = np.unique(ids, return_inverse=True)
+    last_request = np.zeros(uniq.size)
+    np.maximum.at(last_request, call_instance, age)
+
+    nominal = latency_base_s + latency_per_output_token_s * out
+    if instances is not None:
+        for col in ("instance_id", "wall_time_s"):
+            if col not in instances.columns:
+                raise ConfigError("instances", [f"missing column: {col}"])
+        wall = _numeric(instances, "wall_time_s", "instances", problems)
+        if problems:
+            raise ConfigError("instances", problems)
+        if (wall <= 0).any():
+            raise ConfigError("instances", ["wall_time_s: must be > 0 for every instance"])
+        by_id = pd.Series(wall, index=instances["instance_id"].astype(str).to_numpy())
+        if by_id.index.has_duplicates:
+            raise ConfigError("instances", ["instance_id: duplicate instance ids"])
+        absent = [i for i in uniq if i not in by_id.index]
+        if absent:
+            raise ConfigError(
+                "instances",
+                [f"{len(absent)} instance(s) with calls have no row, e.g. {absent[0]!r}"],
+            )
+        # Instances without calls still count: they were alive and asked nothing.
+        extra = np.setdiff1d(by_id.index.to_numpy().astype(str), uniq)
+        all_ids = np.concatenate([uniq, extra]).astype(object)
+        durations = by_id.reindex(all_ids).to_numpy(dtype=np.float64, copy=True)
+        # A call cannot outlive its instance: keep the instance alive until its last request.
+        durations[: uniq.size] = np.maximum(durations[: uniq.size], last_request)
+    else:
+        all_ids = uniq.astype(object)
+        last_latency = np.zeros(uniq.size)
+        np.maximum.at(
+            last_latency, call_instance, np.where(age == last_request[call_instance], nominal, 0)
+        )
+        durations = last_request + np.maximum(last_latency, 1e-3)
+
+    # Next request of the same instance (calls are sorted by instance, then age).
+    next_age = np.empty_like(age)
+    next_age[:-1] = age[1:]
+    same = np.zeros(age.size, dtype=bool)
+    same[:-1] = call_instance[1:] == call_instance[:-1]
+    end = np.where(same, next_age, durations[call_instance])
+    latency = np.clip(np.minimum(nominal, end - age), 0.0, None)
+    return _Prepared(
+        instance_ids=all_ids,
+        durations=durations,
+        call_instance=call_instance,
+        age=age,
+        cached=cached,
+        uncached=tokens_in - cached,
+        output=out,
+        latency=latency,
+    )
+
+
+def interval_mass(
+    starts: FloatArray, ends: FloatArray, weights: FloatArray, edges: FloatArray
+) -> FloatArray:
+    """Per bin of ``edges``: sum over intervals of weight x length of [start, end] in the bin.
+
+    O(n log n) with sorting and cumulative sums; intervals may span any number of bins.
+    """
+
+    def mass(points: FloatArray, w: FloatArray, x: FloatArray) -> FloatArray:
+        order = np.argsort(points)
+        p, ww = points[order], w[order]
+        cw = np.concatenate([[0.0], np.cumsum(ww)])
+        cwp = np.concatenate([[0.0], np.cumsum(ww * p)])
+        k = np.searchsorted(p, x, side="left")
+        return np.asarray(x * cw[k] - cwp[k], dtype=np.float64)  # sum_{p_i<x} w_i (x - p_i)
+
+    total = mass(starts, weights, edges) - mass(ends, weights, edges)
+    return np.diff(total)
+
+
+def _pool(exposure: FloatArray, min_exposure_s: float) -> list[npt.NDArray[np.intp]]:
+    """Group consecutive bins so each group has at least ``min_exposure_s`` of exposure."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    acc = 0.0
+    for i, e in enumerate(exposure):
+        current.append(i)
+        acc += float(e)
+        if acc >= min_exposure_s:
+            groups.append(current)
+            current, acc = [], 0.0
+    if current:
+        if groups:
+            groups[-1].extend(current)
+        else:
+            groups.append(current)
+    return [np.asarray(g, dtype=np.intp) for g in groups]
+
+
+def _averaging_matrix(
+    node_age: FloatArray,
+    groups: list[npt.NDArray[np.intp]],
+    edges: FloatArray,
+    durations: FloatArray,
+    points_per_bin: int = 30,
+) -> FloatArray:
+    """``A[g, j]``: exposure-weighted mean over pooled bin ``g`` of the ``j``-th hat function.
+
+    The curve interpolates linearly between nodes, so its exposure-weighted mean over bin ``g``
+    is ``A[g] @ node_values``.
+    """
+    bin_s = float(edges[1] - edges[0])
+    step = bin_s / points_per_bin
+    grid = np.arange(0.0, float(edges[-1]), step) + step / 2.0
+    sorted_d = np.sort(durations)
+    alive = (sorted_d.size - np.searchsorted(sorted_d, grid, side="right")).astype(np.float64)
+    group_of_bin = np.empty(edges.size - 1, dtype=np.intp)
+    for gi, g in enumerate(groups):
+        group_of_bin[g] = gi
+    grid_group = group_of_bin[np.minimum((grid // bin_s).astype(np.intp), edges.size - 2)]
+    n = node_age.size
+    averaging = np.zeros((len(groups), n))
+    for j in range(n):
+        hat = np.interp(grid, node_age, np.eye(n)[j])
+        averaging[:, j] = np.bincount(grid_group, weights=alive * hat, minlength=len(groups))
+    totals = np.bincount(grid_group, weights=alive, minlength=len(groups))
+    return averaging / np.maximum(totals, 1e-12)[:, None]
+
+
+def _solve_nodes(averaging: FloatArray, bin_means: FloatArray, exposure: FloatArray) -> FloatArray:
+    """Node values >= 0 whose interpolated curve has the observed exposure-weighted bin means.
+
+    Non-negative least squares, each bin weighted by the square root of its exposure (exact
+    whenever the exact solution is non-negative).
+    """
+    w = np.sqrt(exposure / exposure.max())
+    solution, _ = scipy.optimize.nnls(averaging * w[:, None], bin_means * w)
+    return np.asarray(solution, dtype=np.float64)
+
+
+def _survival(
+    durations: FloatArray, step_s: float, tail_min_alive: int
+) -> tuple[FloatArray, FloatArray, float]:
+    d = np.sort(durations)
+    n = d.size
+    if n <= tail_min_alive:
+        return np.array([0.0]), np.array([1.0]), max(float(d.mean()), 1.0)
+    tail_start = float(d[n - tail_min_alive - 1])
+    grid = np.arange(0.0, tail_start, step_s)
+    grid = np.append(grid, tail_start) if grid[-1] < tail_start else grid
+    alive = n - np.searchsorted(d, grid, side="right")
+    values = alive / n
+    values[0] = 1.0  # every instance runs at age 0 (durations are > 0)
+    residual = d[d > tail_start] - tail_start
+    tail_s = max(float(residual.mean()), 1.0) if residual.size else max(step_s, 1.0)
+    return grid, values.astype(np.float64), tail_s
+
+
+def fit_curve(
+    calls: pd.DataFrame,
+    harness: str,
+    *,
+    instances: pd.DataFrame | None = None,
+    bin_s: float = 60.0,
+    min_exposure_s: float | None = None,
+    survival_step_s: float = 10.0,
+    tail_min_alive: int = 20,
+    latency_base_s: float = 1.0,
+    latency_per_output_token_s: float = 0.01,
+    mean_preserving: bool = True,
+    fit_info: dict[str, Any] | None = None,
+) -> FitResult:
+    """Fit a ``HarnessCurve`` for ``harness`` from a table of calls (see the module docstring).
+
+    ``min_exposure_s`` (default: 20 running tasks for a whole bin, ``20 * bin_s``) is the
+    smallest exposure of a pooled bin; ``tail_min_alive`` is where survival switches to its
+    exponential tail. ``latency_*`` is the assumed LLM latency model for in-flight figures.
+    With ``mean_preserving`` (the default) node values are solved so that the interpolated
+    curve's exposure-weighted mean over each pooled bin equals the observed rate there (plain
+    bin rates at the nodes would bias bins where the rate bends, e.g. the first minute).
+    """
+    problems = []
+    if not (math.isfinite(bin_s) and bin_s > 0):
+        problems.append(f"bin_s: must be > 0, got {bin_s}")
+    if not (math.isfinite(survival_step_s) and survival_step_s > 0):
+        problems.append(f"survival_step_s: must be > 0, got {survival_step_s}")
+    if tail_min_alive < 1:
+        problems.append(f"tail_min_alive: must be >= 1, got {tail_min_alive}")
+    if latency_base_s < 0 or latency_per_output_token_s < 0:
+        problems.append("latency_base_s, latency_per_output_token_s: must be >= 0")
+    if problems:
+        raise ConfigError("fit_curve", problems)
+    min_exp = 20.0 * bin_s if min_exposure_s is None else float(min_exposure_s)
+    p = _prepare(calls, instances, latency_base_s, latency_per_output_token_s)
+
+    n_bins = max(1, math.ceil(float(p.durations.max()) / bin_s))
+    edges = np.arange(n_bins + 1, dtype=np.float64) * bin_s
+    zeros = np.zeros(p.durations.size)
+    exposure = interval_mass(zeros, p.durations, np.ones_like(zeros), edges)
+    idx = np.minimum((p.age // bin_s).astype(np.intp), n_bins - 1)
+    events = {
+        "calls_per_s": _binsum(idx, None, n_bins),
+        "cached_input_tokens_per_s": _binsum(idx, p.cached, n_bins),
+        "uncached_input_tokens_per_s": _binsum(idx, p.uncached, n_bins),
+        "output_tokens_per_s": _binsum(idx, p.output, n_bins),
+    }
+    flight_end = p.age + p.latency
+    events["inflight_tokens"] = interval_mass(
+        p.age, flight_end, p.cached + p.uncached + p.output, edges
+    )
+    events["inflight_calls"] = interval_mass(p.age, flight_end, np.ones_like(p.age), edges)
+
+    centers = (edges[:-1] + edges[1:]) / 2.0
+    groups = [g for g in _pool(exposure, min_exp) if exposure[g].sum() > 0]
+    node_age = np.array([np.average(centers[g], weights=exposure[g]) for g in groups])
+    group_exposure = np.array([exposure[g].sum() for g in groups])
+    values = {
+        name: np.array([ev[g].sum() for g in groups]) / group_exposure
+        for name, ev in events.items()
+    }
+    if mean_preserving and len(groups) > 1:
+        averaging = _averaging_matrix(node_age, groups, edges, p.durations)
+        values = {name: _solve_nodes(averaging, v, group_exposure) for name, v in values.items()}
+    surv_age, surv, tail_s = _survival(p.durations, survival_step_s, tail_min_alive)
+
+    curve = HarnessCurve(
+        harness=harness,
+        rate_age_s=tuple(float(x) for x in node_age),
+        calls_per_s_at=tuple(float(x) for x in values["calls_per_s"]),
+        cached_input_tokens_per_s_at=tuple(float(x) for x in values["cached_input_tokens_per_s"]),
+        uncached_input_tokens_per_s_at=tuple(
+            float(x) for x in values["uncached_input_tokens_per_s"]
+        ),
+        output_tokens_per_s_at=tuple(float(x) for x in values["output_tokens_per_s"]),
+        inflight_tokens_at=tuple(float(x) for x in values["inflight_tokens"]),
+        inflight_calls_at=tuple(float(x) for x in values["inflight_calls"]),
+        survival_age_s=tuple(float(x) for x in surv_age),
+        survival_at=tuple(float(x) for x in surv),
+        survival_tail_s=float(tail_s),
+        latency_base_s=float(latency_base_s),
+        latency_per_output_token_s=float(latency_per_output_token_s),
+        fit_info=tuple(sorted((fit_info or {}).items())),
+    )
+    quality = {
+        "bins": float(n_bins),
+        "nodes": float(len(groups)),
+        "exposure_task_s": float(exposure.sum()),
+        "max_age_s": float(p.durations.max()),
+        "survival_tail_start_s": float(surv_age[-1]),
+        "mean_duration_s_observed": float(p.durations.mean()),
+        "mean_duration_s_curve": curve.mean_duration_s(),
+    }
+    return FitResult(
+        curve=curve,
+        sample_count=int(p.age.size),
+        instance_count=int(p.durations.size),
+        quality=quality,
+    )
+
+
+def check_curve(
+    curve: HarnessCurve,
+    calls: pd.DataFrame,
+    instances: pd.DataFrame | None = None,
+    *,
+    bin_s: float = 60.0,
+    n_bins: int = 8,
+    resolution_s: float = 1.0,
+) -> pd.DataFrame:
+    """Compare ``curve`` with observed calls, per age bin, per running task.
+
+    One row per (bin, quantity): ``bin_start_s``, ``quantity``, ``observed`` (events /
+    exposure of the given instances), ``predicted`` (the curve's rate averaged over the bin,
+    weighted by how many of these instances are alive at each age) and ``rel_error``
+    (``predicted / observed - 1``; NaN-free: bins without exposure are dropped).
+    """
+    p = _prepare(calls, instances, curve.latency_base_s, curve.latency_per_output_token_s)
+    edges = np.arange(n_bins + 1, dtype=np.float64) * bin_s
+    zeros = np.zeros(p.durations.size)
+    exposure = interval_mass(zeros, p.durations, np.ones_like(zeros), edges)
+    inside = p.age < edges[-1]
+    idx = (p.age[inside] // bin_s).astype(np.intp)
+    observed: dict[str, FloatArray] = {
+        "calls_per_s": _binsum(idx, None, n_bins),
+        "cached_input_tokens_per_s": _binsum(idx, p.cached[inside], n_bins),
+        "uncached_input_tokens_per_s": _binsum(idx, p.uncached[inside], n_bins),
+        "output_tokens_per_s": _binsum(idx, p.output[inside], n_bins),
+    }
+    observed["input_tokens_per_s"] = (
+        observed["cached_input_tokens_per_s"] + observed["uncached_input_tokens_per_s"]
+    )
+    grid = np.arange(0.0, edges[-1], resolution_s) + resolution_s / 2.0
+    sorted_d = np.sort(p.durations)
+    alive = (sorted_d.size - np.searchsorted(sorted_d, grid, side="right")).astype(np.float64)
+    grid_bin = (grid // bin_s).astype(np.intp)
+    alive_per_bin = _binsum(grid_bin, alive, n_bins)
+    rows: list[dict[str, Any]] = []
+    for name in CHECKED_QUANTITIES:
+        rate = getattr(curve, name)(grid)
+        predicted_sum = _binsum(grid_bin, rate * alive, n_bins)
+        for b in range(n_bins):
+            if exposure[b] <= 0 or alive_per_bin[b] <= 0:
+                continue
+            obs = float(observed[name][b] / exposure[b])
+            pred = float(predicted_sum[b] / alive_per_bin[b])
+            rows.append(
+                {
+                    "bin_start_s": float(edges[b]),
+                    "quantity": name,
+                    "observed": obs,
+                    "predicted": pred,
+                    "rel_error": (pred / obs - 1.0)
+                    if obs > 0
+                    else (0.0 if pred == 0 else math.inf),
+                    "exposure_task_s": float(exposure[b]),
+                }
+            )
+    return pd.DataFrame(rows)
