@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any, Literal, Self
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from evalfleet.errors import EvalfleetError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
-class SettingsError(Exception):
+class SettingsError(EvalfleetError):
     """A setting read from the environment is invalid; the message names every bad variable."""
 
 
 class Settings(BaseSettings):
     """evalfleet's configuration. Environment variable = ``EVALFLEET_`` + field name, upper case."""
 
-    model_config = SettingsConfigDict(env_prefix="EVALFLEET_", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="EVALFLEET_", extra="forbid", frozen=True, allow_inf_nan=False
+    )
 
     data_dir: Path = Field(
         default=PROJECT_ROOT / "data",
@@ -30,6 +35,7 @@ class Settings(BaseSettings):
     )
     database_url: str | None = Field(
         default=None,
+        repr=False,
         min_length=1,
         max_length=2048,
         description="SQLAlchemy URL of the ledger; default: SQLite file data_dir/ledger.sqlite3. "
@@ -37,6 +43,7 @@ class Settings(BaseSettings):
     )
     valkey_url: str | None = Field(
         default=None,
+        repr=False,
         min_length=1,
         max_length=2048,
         description="Valkey/Redis URL for live progress (optional; the ledger is the truth).",
@@ -104,6 +111,7 @@ class Settings(BaseSettings):
     )
     provider_admin_key: SecretStr | None = Field(
         default=None,
+        max_length=4096,
         description="Admin key of the provider's key-minting API (the simulated provider's "
         "`/admin/keys`). Held in memory only; never logged or stored.",
     )
@@ -125,9 +133,8 @@ class Settings(BaseSettings):
         description="Total seconds the gateway may spend retrying a provider 429/529 (honouring "
         "retry-after) before passing it to the harness; 0 passes the first one through.",
     )
-    gateway_pacer: str = Field(
+    gateway_pacer: Literal["prefect", "inprocess"] = Field(
         default="prefect",
-        pattern="^(prefect|inprocess)$",
         description="Pacer of `evalfleet gateway serve`: `prefect` (global concurrency limits, "
         "the source of truth) or `inprocess` (local token buckets only; simulator and tests).",
     )
@@ -144,9 +151,8 @@ class Settings(BaseSettings):
         description="Checkout that local process workers run flows from (the pull step of the "
         "process deployments in prefect.yaml).",
     )
-    launcher: str = Field(
+    launcher: Literal["in-process", "work-pool"] = Field(
         default="in-process",
-        pattern="^(in-process|work-pool)$",
         description="How the dispatcher starts instances: `in-process` (subflows in a bounded "
         "thread pool; the embedded default) or `work-pool` (run-instance deployments on a pool).",
     )
@@ -193,6 +199,34 @@ class Settings(BaseSettings):
             raise ValueError("must be a URL with a scheme (e.g. postgresql+psycopg://host/db)")
         return value
 
+    @field_validator("data_dir", "project_dir", "aliases_file", mode="before")
+    @classmethod
+    def _sane_path(cls, value: Any) -> Any:
+        if isinstance(value, str | Path):
+            text = str(value)
+            if not text.strip():
+                raise ValueError("must not be empty")
+            if len(text) > 4096:
+                raise ValueError("must be at most 4096 characters")
+            if not text.isprintable():
+                raise ValueError("must not contain control characters")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.heartbeat_s >= self.visibility_timeout_s:
+            raise ValueError(
+                "EVALFLEET_HEARTBEAT_S must be less than EVALFLEET_VISIBILITY_TIMEOUT_S "
+                f"(got {self.heartbeat_s:g} >= {self.visibility_timeout_s:g}): leases would expire "
+                "between heartbeats"
+            )
+        if self.eval_concurrency_min > self.eval_concurrency_max:
+            raise ValueError(
+                "EVALFLEET_EVAL_CONCURRENCY_MIN must not exceed EVALFLEET_EVAL_CONCURRENCY_MAX "
+                f"(got {self.eval_concurrency_min} > {self.eval_concurrency_max})"
+            )
+        return self
+
     @property
     def ledger_url(self) -> str:
         """The ledger's SQLAlchemy URL, defaulting to a SQLite file under ``data_dir``."""
@@ -203,9 +237,12 @@ class Settings(BaseSettings):
 
 def _format_errors(exc: ValidationError) -> str:
     lines = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "settings"
-        lines.append(f"EVALFLEET_{field.upper()}: {err['msg']}")
+    for err in exc.errors(include_url=False):
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if message.startswith("Input should be "):
+            message = "must be " + message.removeprefix("Input should be ")
+        field = ".".join(str(p) for p in err["loc"])
+        lines.append(f"EVALFLEET_{field.upper()}: {message}" if field else message)
     return "invalid settings:\n  " + "\n  ".join(lines)
 
 
