@@ -1,0 +1,524 @@
+"""The budget controller: an alias's pacer budgets as a pure function of state, observations, time.
+
+It owns how budgets start (seeded from the alias config or from rate-limit headers), grow
+(+5% per clean window up to 1.5x the seed, never back above a level that drew a 429 recently,
+never above a limit a header states), get cut (only the budget whose limit was hit), follow a
+provider limit down (repeated cuts below the seed re-base the seed), and what spend, overload and
+stale-config signals do (pause the run, back off, re-seed from headers). The planner calls
+``step`` once per tick with what the gateway saw in that window; ``Budgets`` then go to the
+pacer. Units: calls/s, tokens/s (the alias's counted input or combined class), output tokens/s,
+and in-flight tokens (a level, not a rate).
+
+Rules, in the order ``step`` applies them:
+1. Header limits (per minute, as stated) are hard caps: a budget is never above one; a seed
+   above one comes down to it; headers win over config (the seed becomes the header limit,
+   ``seed_source="headers"``, ``seeded_at=now``).
+2. Stale seed (``now - seeded_at > stale_after_s``): re-seed from the latest header limits seen
+   within ``stale_after_s`` when there are any; otherwise keep the values and report ``stale``.
+   Budgets are never 0: every budget is floored at ``min_fraction`` of its seed (> 0).
+3. Spend/billing errors → ``pause_run``. Overload (529/503) → ``backoff_until``, no cut.
+4. A 429 → launch freeze (``cooldown_until = now + max(cooldown_s, retry-after)``, the
+   retry-after bounded by ``max_freeze_s``) and a cut of only the budget of the limit hit
+   (requests→REQUESTS; tokens and input_tokens→TOKENS; output_tokens→OUTPUT_TOKENS, or TOKENS
+   for a combined alias with no output budget; unknown→every budget). A class is cut at most once
+   per ``cooldown_s`` (429s of calls sent before the cut do not cut again). The level that drew
+   the 429 is remembered for ``memory_s``.
+5. ``rebase_cuts`` cuts below the seed within ``rebase_period_s`` re-base that class's seed to
+   the cut level (the provider's limit dropped): growth is then bounded by 1.5x the new seed and
+   by ``(1 - probe_margin)`` x the last level that drew a 429, so it is not re-probed every few
+   windows.
+6. A clean window (no 429 of that class, no freeze or backoff overlapping the window) grows a
+   budget by ``growth`` up to min(max_over_seed x seed, hard cap, recent 429 level x (1 -
+   probe_margin)).
+
+Pure: the clock is ``obs.now``; no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
+from typing import Literal
+
+from evalfleet.errors import ConfigError
+from planner.classify import LimitType
+
+__all__ = [
+    "BudgetClass",
+    "BudgetState",
+    "Budgets",
+    "ControllerActions",
+    "ControllerConfig",
+    "SeedSource",
+    "TokenClass",
+    "WindowObservation",
+    "header_budgets",
+    "initial_state",
+    "rebase",
+    "step",
+]
+
+SeedSource = Literal["config", "headers", "operator", "controller"]
+TokenClass = Literal["input", "combined"]
+
+
+class BudgetClass(StrEnum):
+    REQUESTS = "requests"
+    TOKENS = "tokens"  # the alias's counted input (or combined) token class
+    OUTPUT_TOKENS = "output_tokens"
+    INFLIGHT = "inflight_tokens"
+
+
+_FIELD_OF = {
+    BudgetClass.REQUESTS: "calls_per_s",
+    BudgetClass.TOKENS: "tokens_per_s",
+    BudgetClass.OUTPUT_TOKENS: "output_tokens_per_s",
+    BudgetClass.INFLIGHT: "inflight_tokens",
+}
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Pacer budgets: rates per second, and in-flight tokens (a level)."""
+
+    calls_per_s: float
+    tokens_per_s: float
+    output_tokens_per_s: float | None
+    inflight_tokens: float
+
+    def __post_init__(self) -> None:
+        problems = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None and f.name == "output_tokens_per_s":
+                continue
+            if not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                problems.append(f"{f.name}: must be a positive finite number, got {v!r}")
+        if problems:
+            raise ConfigError("budgets", problems)
+
+    def get(self, cls: BudgetClass) -> float | None:
+        value: float | None = getattr(self, _FIELD_OF[cls])
+        return value
+
+    def with_value(self, cls: BudgetClass, value: float) -> Budgets:
+        return replace(self, **{_FIELD_OF[cls]: value})
+
+    def classes(self) -> tuple[BudgetClass, ...]:
+        """The classes this alias budgets (output tokens only when configured)."""
+        return tuple(c for c in BudgetClass if self.get(c) is not None)
+
+
+def _bounded(name: str, value: float, lo: float, hi: float, problems: list[str]) -> None:
+    if not (lo <= value <= hi):
+        problems.append(f"{name}: must be within [{lo}, {hi}], got {value!r}")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Controller constants; each default is bounded (``ConfigError`` names the field)."""
+
+    window_s: float = 15.0  # one planner tick [1, 300]
+    growth: float = 0.05  # per clean window (0, 0.5]
+    max_over_seed: float = 1.5  # growth ceiling, multiple of the seed [1, 4]
+    cut: float = 0.75  # budget multiplier on a 429 [0.1, 0.95]
+    cooldown_s: float = 30.0  # launch freeze after a 429; one cut per class per cooldown [0, 600]
+    max_freeze_s: float = 300.0  # bound on a freeze stretched by retry-after [0, 3600]
+    memory_s: float = 1800.0  # how long a level that drew a 429 caps growth [0, 86400]
+    probe_margin: float = 0.05  # growth stays this far below a recent 429 level [0, 0.5]
+    rebase_cuts: int = 2  # cuts below the seed ... [1, 20]
+    rebase_period_s: float = 1800.0  # ... within this period re-base the seed [0, 86400]
+    overload_backoff_s: float = 30.0  # back-off after 529/503 [0, 3600]
+    stale_after_s: float = 6 * 3600.0  # seed age after which it is stale [60, 30 days]
+    min_fraction: float = 0.01  # floor of any budget, as a share of its seed (0, 1]
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        _bounded("window_s", self.window_s, 1.0, 300.0, p)
+        _bounded("growth", self.growth, 1e-6, 0.5, p)
+        _bounded("max_over_seed", self.max_over_seed, 1.0, 4.0, p)
+        _bounded("cut", self.cut, 0.1, 0.95, p)
+        _bounded("cooldown_s", self.cooldown_s, 0.0, 600.0, p)
+        _bounded("max_freeze_s", self.max_freeze_s, 0.0, 3600.0, p)
+        _bounded("memory_s", self.memory_s, 0.0, 86400.0, p)
+        _bounded("probe_margin", self.probe_margin, 0.0, 0.5, p)
+        _bounded("rebase_cuts", self.rebase_cuts, 1, 20, p)
+        _bounded("rebase_period_s", self.rebase_period_s, 0.0, 86400.0, p)
+        _bounded("overload_backoff_s", self.overload_backoff_s, 0.0, 3600.0, p)
+        _bounded("stale_after_s", self.stale_after_s, 60.0, 30 * 86400.0, p)
+        _bounded("min_fraction", self.min_fraction, 1e-6, 1.0, p)
+        if p:
+            raise ConfigError("controller config", p)
+
+
+_NEG_INF = -math.inf
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """Everything the controller remembers about one alias. All budgets are > 0."""
+
+    seed: Budgets
+    budgets: Budgets
+    seeded_at: float
+    seed_source: SeedSource
+    token_class: TokenClass
+    cached_input_counts: bool
+    stale_after_s: float = 6 * 3600.0
+    cooldown_until: float = _NEG_INF
+    backoff_until: float = _NEG_INF
+    hard_caps: Mapping[BudgetClass, float] = field(default_factory=dict)  # per second
+    last_429_level: Mapping[BudgetClass, float] = field(default_factory=dict)
+    last_429_at: Mapping[BudgetClass, float] = field(default_factory=dict)
+    last_cut_at: Mapping[BudgetClass, float] = field(default_factory=dict)
+    cuts_below_seed: Mapping[BudgetClass, tuple[float, ...]] = field(default_factory=dict)
+    observed: Mapping[BudgetClass, float] = field(default_factory=dict)  # header limits /s
+    observed_at: float | None = None
+
+    def in_cooldown(self, now: float) -> bool:
+        """Launches are frozen: after a 429 (cooldown) or an overload (backoff)."""
+        return now < self.cooldown_until or now < self.backoff_until
+
+    def is_stale(self, now: float) -> bool:
+        return now - self.seeded_at > self.stale_after_s
+
+
+@dataclass(frozen=True)
+class WindowObservation:
+    """What the gateway saw for one alias in one planner window ending at ``now``.
+
+    ``observed_limits``: the latest rate-limit header limits per class, PER MINUTE as the
+    headers state them (``Classification.limits``), or None when no header was seen.
+    """
+
+    now: float
+    throttles: tuple[tuple[LimitType, float | None], ...] = ()
+    overloads: int = 0
+    spend_errors: int = 0
+    observed_limits: Mapping[LimitType, float] | None = None
+
+
+@dataclass(frozen=True)
+class ControllerActions:
+    pause_run: bool = False
+    backoff_until: float | None = None
+    cooldown_until: float | None = None
+    reseeded: bool = False
+    stale: bool = False
+    cut: tuple[BudgetClass, ...] = ()
+    grown: tuple[BudgetClass, ...] = ()
+    rebased: tuple[BudgetClass, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def header_budgets(
+    observed_limits: Mapping[LimitType, float],
+    *,
+    token_class: TokenClass,
+    has_output_budget: bool,
+) -> dict[BudgetClass, float]:
+    """Header limits (per minute) → per-second caps of the budget classes they bind."""
+    out: dict[BudgetClass, float] = {}
+
+    def take(lt: LimitType, bc: BudgetClass) -> None:
+        v = observed_limits.get(lt)
+        if v is not None and math.isfinite(v) and v > 0:
+            out[bc] = v / 60.0
+
+    take(LimitType.REQUESTS, BudgetClass.REQUESTS)
+    take(
+        LimitType.TOKENS if token_class == "combined" else LimitType.INPUT_TOKENS,
+        BudgetClass.TOKENS,
+    )
+    if has_output_budget:
+        take(LimitType.OUTPUT_TOKENS, BudgetClass.OUTPUT_TOKENS)
+    return out
+
+
+def initial_state(
+    seed_config: Budgets,
+    now: float,
+    *,
+    observed_limits: Mapping[LimitType, float] | None = None,
+    seeded_at: float | None = None,
+    cached_input_counts: bool,
+    token_class: TokenClass,
+    config: ControllerConfig | None = None,
+) -> BudgetState:
+    """Seed from the alias config (``seeded_at`` defaults to ``now``); headers win."""
+    cfg = config or ControllerConfig()
+    state = BudgetState(
+        seed=seed_config,
+        budgets=seed_config,
+        seeded_at=now if seeded_at is None else seeded_at,
+        seed_source="config",
+        token_class=token_class,
+        cached_input_counts=cached_input_counts,
+        stale_after_s=cfg.stale_after_s,
+    )
+    if observed_limits:
+        state, _notes = _apply_headers(state, observed_limits, now)
+        budgets = state.budgets
+        for cls in state.observed:
+            value = state.seed.get(cls)
+            assert value is not None
+            budgets = budgets.with_value(cls, value)
+        state = replace(state, budgets=budgets)
+    return state
+
+
+def rebase(
+    state: BudgetState,
+    seed: Budgets,
+    now: float,
+    *,
+    budgets: Budgets | None = None,
+) -> BudgetState:
+    """Operator re-base: new seed and budgets (default: the seed), 429 memory cleared.
+
+    Header hard caps still apply to the budgets.
+    """
+    new_budgets = budgets or seed
+    for cls, cap in state.hard_caps.items():
+        v = new_budgets.get(cls)
+        if v is not None and v > cap:
+            new_budgets = new_budgets.with_value(cls, cap)
+    return replace(
+        state,
+        seed=seed,
+        budgets=new_budgets,
+        seeded_at=now,
+        seed_source="operator",
+        last_429_level={},
+        last_429_at={},
+        cuts_below_seed={},
+    )
+
+
+def _apply_headers(
+    state: BudgetState, observed_limits: Mapping[LimitType, float], now: float
+) -> tuple[BudgetState, list[str]]:
+    caps = header_budgets(
+        observed_limits,
+        token_class=state.token_class,
+        has_output_budget=state.seed.output_tokens_per_s is not None,
+    )
+    if not caps:
+        return state, []
+    notes: list[str] = []
+    seed, budgets = state.seed, state.budgets
+    for cls, cap in caps.items():
+        if seed.get(cls) != cap:
+            notes.append(f"{cls}: seed {seed.get(cls):.6g} -> header limit {cap:.6g}/s")
+        seed = seed.with_value(cls, cap)
+        current = budgets.get(cls)
+        if current is not None and current > cap:
+            budgets = budgets.with_value(cls, cap)
+    hard = {**state.hard_caps, **caps}
+    return (
+        replace(
+            state,
+            seed=seed,
+            budgets=budgets,
+            seeded_at=now,
+            seed_source="headers",
+            hard_caps=hard,
+            observed=dict(caps),
+            observed_at=now,
+        ),
+        notes,
+    )
+
+
+def _classes_hit(lt: LimitType, state: BudgetState) -> tuple[BudgetClass, ...]:
+    has_output = state.budgets.output_tokens_per_s is not None
+    if lt is LimitType.REQUESTS:
+        return (BudgetClass.REQUESTS,)
+    if lt in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
+        return (BudgetClass.TOKENS,)
+    if lt is LimitType.OUTPUT_TOKENS:
+        if has_output:
+            return (BudgetClass.OUTPUT_TOKENS,)
+        if state.token_class == "combined":
+            return (BudgetClass.TOKENS,)
+    return state.budgets.classes()  # unknown (or output with nothing to cut): all
+
+
+def step(
+    state: BudgetState, obs: WindowObservation, config: ControllerConfig
+) -> tuple[BudgetState, ControllerActions]:
+    """Advance the controller by one planner window ending at ``obs.now``."""
+    now = obs.now
+    notes: list[str] = []
+    window_start = now - config.window_s
+    frozen_in_window = state.cooldown_until > window_start or state.backoff_until > window_start
+    state = replace(state, stale_after_s=config.stale_after_s)
+
+    # 1. headers: hard caps, and they win over config.
+    if obs.observed_limits:
+        state, header_notes = _apply_headers(state, obs.observed_limits, now)
+        notes.extend(header_notes)
+
+    # 2. stale seed.
+    reseeded = False
+    stale = False
+    if state.is_stale(now):
+        fresh = (
+            state.observed
+            if state.observed_at is not None and now - state.observed_at <= config.stale_after_s
+            else {}
+        )
+        if fresh:
+            seed, budgets = state.seed, state.budgets
+            for cls, cap in fresh.items():
+                seed = seed.with_value(cls, cap)
+                budgets = budgets.with_value(cls, cap)
+            state = replace(state, seed=seed, budgets=budgets, seeded_at=now, seed_source="headers")
+            reseeded = True
+            notes.append("stale seed re-seeded from the latest rate-limit headers")
+        else:
+            stale = True
+            notes.append("seed is stale and no rate-limit headers were seen: keeping its values")
+
+    # 3. spend and overload.
+    spend = obs.spend_errors > 0 or any(lt is LimitType.SPEND for lt, _ in obs.throttles)
+    overload_after = [ra for lt, ra in obs.throttles if lt is LimitType.OVERLOAD]
+    backoff_until: float | None = None
+    if obs.overloads > 0 or overload_after:
+        wait = max(
+            [
+                config.overload_backoff_s,
+                *(min(r, config.max_freeze_s) for r in overload_after if r is not None),
+            ]
+        )
+        state = replace(state, backoff_until=max(state.backoff_until, now + wait))
+        backoff_until = state.backoff_until
+        notes.append(f"provider overloaded: backing off until t={backoff_until:.1f}")
+    if spend:
+        notes.append("spend or billing error: pausing the run")
+
+    # 4./5. 429s: freeze, cut only what was hit, re-base on repeated cuts below the seed.
+    rate_throttles = [
+        (lt, ra)
+        for lt, ra in obs.throttles
+        if lt not in (LimitType.SPEND, LimitType.OVERLOAD, LimitType.NONE)
+    ]
+    hit: set[BudgetClass] = set()
+    cut: list[BudgetClass] = []
+    rebased: list[BudgetClass] = []
+    cooldown_until: float | None = None
+    if rate_throttles:
+        longest = max((min(ra, config.max_freeze_s) for _, ra in rate_throttles if ra), default=0.0)
+        state = replace(
+            state,
+            cooldown_until=max(state.cooldown_until, now + max(config.cooldown_s, longest)),
+        )
+        cooldown_until = state.cooldown_until
+        for lt, _ in rate_throttles:
+            hit.update(_classes_hit(lt, state))
+        for cls in (c for c in state.budgets.classes() if c in hit):
+            last = state.last_cut_at.get(cls, _NEG_INF)
+            if now - last < config.cooldown_s:
+                continue  # 429s of calls sent before the last cut
+            state, did_rebase = _cut(state, cls, now, config)
+            cut.append(cls)
+            notes.append(
+                f"{cls}: 429 at {state.last_429_level[cls]:.6g} -> cut to "
+                f"{state.budgets.get(cls):.6g}"
+            )
+            if did_rebase:
+                rebased.append(cls)
+                notes.append(
+                    f"{cls}: repeated cuts below the seed: seed re-based to "
+                    f"{state.seed.get(cls):.6g}"
+                )
+
+    # 6. growth on a clean window.
+    grown: list[BudgetClass] = []
+    if not frozen_in_window and not state.in_cooldown(now):
+        for cls in state.budgets.classes():
+            if cls in hit:
+                continue
+            new_value = _grown(state, cls, now, config)
+            if new_value is not None:
+                state = replace(state, budgets=state.budgets.with_value(cls, new_value))
+                grown.append(cls)
+
+    state = _floored(state, config)
+    return state, ControllerActions(
+        pause_run=spend,
+        backoff_until=backoff_until,
+        cooldown_until=cooldown_until,
+        reseeded=reseeded,
+        stale=stale,
+        cut=tuple(cut),
+        grown=tuple(grown),
+        rebased=tuple(rebased),
+        notes=tuple(notes),
+    )
+
+
+def _cut(
+    state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig
+) -> tuple[BudgetState, bool]:
+    level = state.budgets.get(cls)
+    seed_value = state.seed.get(cls)
+    assert level is not None and seed_value is not None
+    new_value = max(level * config.cut, seed_value * config.min_fraction)
+    cuts = tuple(t for t in state.cuts_below_seed.get(cls, ()) if now - t <= config.rebase_period_s)
+    seed = state.seed
+    rebased = False
+    if new_value < seed_value:
+        cuts = (*cuts, now)
+        if len(cuts) >= config.rebase_cuts:
+            seed = seed.with_value(cls, new_value)
+            cuts = ()
+            rebased = True
+    return (
+        replace(
+            state,
+            seed=seed,
+            budgets=state.budgets.with_value(cls, new_value),
+            seed_source="controller" if rebased else state.seed_source,
+            last_429_level={**state.last_429_level, cls: level},
+            last_429_at={**state.last_429_at, cls: now},
+            last_cut_at={**state.last_cut_at, cls: now},
+            cuts_below_seed={**state.cuts_below_seed, cls: cuts},
+        ),
+        rebased,
+    )
+
+
+def _ceiling(state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig) -> float:
+    seed_value = state.seed.get(cls)
+    assert seed_value is not None
+    ceiling = seed_value * config.max_over_seed
+    if cls in state.hard_caps:
+        ceiling = min(ceiling, state.hard_caps[cls])
+    at = state.last_429_at.get(cls)
+    if at is not None and now - at <= config.memory_s:
+        ceiling = min(ceiling, state.last_429_level[cls] * (1.0 - config.probe_margin))
+    return ceiling
+
+
+def _grown(
+    state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig
+) -> float | None:
+    value = state.budgets.get(cls)
+    assert value is not None
+    target = min(value * (1.0 + config.growth), _ceiling(state, cls, now, config))
+    return target if target > value else None
+
+
+def _floored(state: BudgetState, config: ControllerConfig) -> BudgetState:
+    budgets = state.budgets
+    for cls in budgets.classes():
+        v = budgets.get(cls)
+        s = state.seed.get(cls)
+        assert v is not None and s is not None
+        floor = s * config.min_fraction
+        if v < floor:
+            budgets = budgets.with_value(cls, floor)
+    return state if budgets is state.budgets else replace(state, budgets=budgets)
