@@ -1,0 +1,611 @@
+"""The gateway: an ASGI service, OpenAI- and Anthropic-compatible on the paths it proxies.
+
+``POST /v1/chat/completions`` (OpenAI) and ``POST /v1/messages`` (Anthropic); the request's
+``model`` names a gateway alias. Per call:
+
+1. paused gateway pool (``pause_flags``, refreshed every second off the hot path) → 503 with
+   ``retry-after``;
+2. the gateway key (``Authorization: Bearer`` or ``x-api-key``) is hashed, and the call's
+   worst-case cost reserved against the run's spend cap in one conditional UPDATE
+   (``gateway.spend``): unknown/revoked/expired → 401, over the cap → 402 with a clear message
+   and ``x-should-retry: false``; nothing is forwarded;
+3. the alias's pacer admits it on an estimate (uncached input + ``max_tokens``; the cached part
+   is estimated as the previous call's prompt of the same instance, since agents resend their
+   history);
+4. it is forwarded with the run's provider key (from the ``ProviderKeyStore``, cached in
+   memory) through an ``httpx.AsyncClient`` (tests give it a transport);
+5. a 429/529/503 from the provider is recorded, classified (``planner.classify``) and retried
+   after its ``retry-after`` while the bounded wait (``gateway_max_retry_wait_s``) allows;
+   then the harness gets the provider's response with its headers, so its SDK's own retry
+   logic reads them;
+6. every attempt becomes an ``llm_calls`` row (run, instance, harness, task age, tokens by
+   class, latency, pacer wait, status, limit type, cost), written in batches;
+7. the spend reservation is settled at the real cost and the pacer at the real tokens; the
+   alias's latest rate-limit headers are kept (``alias_observations``) for the planner.
+
+Harness headers: ``x-evalfleet-instance``, ``x-evalfleet-harness`` and
+``x-evalfleet-task-started-at`` (epoch seconds; else the gateway's first sight of the instance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import sessionmaker
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from evalfleet.errors import KeyRejected, SpendCapExceeded
+from gateway.aliases import Alias, Aliases
+from gateway.keys import ProviderKeyStore, hash_secret
+from gateway.pacing import Demand, Pacer, Permit
+from gateway.recorder import CallRecorder, Observation
+from gateway.spend import Reservation, reserve, settle
+from gateway.tokens import count_prompt_tokens, requested_max_tokens
+from ledger.db import session_factory
+from ledger.pauses import is_paused
+from planner.classify import LimitType, classify
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = (429, 503, 529)
+PASS_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry", "request-id", "x-request-id")
+PASS_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+
+
+def error_response(
+    flavour: str,
+    status: int,
+    etype: str,
+    message: str,
+    *,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """An error in the flavour's own shape (the SDKs turn it into their exception types)."""
+    body: dict[str, Any]
+    if flavour == "anthropic":
+        body = {"type": "error", "error": {"type": etype, "message": message}}
+    else:
+        body = {"error": {"message": message, "type": etype, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def passthrough_headers(headers: httpx.Headers) -> dict[str, str]:
+    """The provider headers a harness's SDK reads: rate limits, retry-after, request id."""
+    out = {}
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in PASS_HEADERS or lower.startswith(PASS_PREFIXES):
+            out[lower] = value
+    return out
+
+
+@dataclass
+class CallUsage:
+    """Tokens of a finished call by class."""
+
+    input_total: int = 0
+    input_cached: int = 0
+    output: int = 0
+
+    @property
+    def uncached(self) -> int:
+        return max(0, self.input_total - self.input_cached)
+
+
+def usage_from_body(flavour: str, body: Any, usage: CallUsage) -> None:
+    """Fill ``usage`` from a response body or one streamed event (either flavour)."""
+    if not isinstance(body, dict):
+        return
+    if flavour == "openai":
+        u = body.get("usage")
+        if isinstance(u, dict):
+            usage.input_total = int(u.get("prompt_tokens") or 0)
+            usage.output = int(u.get("completion_tokens") or 0)
+            details = u.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                usage.input_cached = int(details.get("cached_tokens") or 0)
+        return
+    u = body.get("usage")
+    if body.get("type") == "message_start" and isinstance(body.get("message"), dict):
+        u = body["message"].get("usage")
+    if not isinstance(u, dict):
+        return
+    if "input_tokens" in u:
+        cached = int(u.get("cache_read_input_tokens") or 0)
+        created = int(u.get("cache_creation_input_tokens") or 0)
+        usage.input_cached = cached
+        usage.input_total = int(u.get("input_tokens") or 0) + cached + created
+    if "output_tokens" in u:
+        usage.output = int(u.get("output_tokens") or 0)
+
+
+@dataclass
+class _Call:
+    """What the gateway knows about one harness call while it is in flight."""
+
+    alias: Alias
+    flavour: str
+    reservation: Reservation
+    instance: str | None
+    harness: str | None
+    task_age_s: float | None
+    requested_at: datetime
+    input_estimate: int
+    max_tokens: int
+    permit: Permit | None = None
+    settled: bool = False
+    usage: CallUsage = field(default_factory=CallUsage)
+
+
+class Gateway:
+    """The gateway's state and its ASGI app (``Gateway.app``)."""
+
+    def __init__(
+        self,
+        *,
+        aliases: Aliases,
+        engine: Engine,
+        store: ProviderKeyStore,
+        pacer: Pacer,
+        max_retry_wait_s: float,
+        transport: httpx.AsyncBaseTransport | None = None,
+        upstream_timeout_s: float = 600.0,
+        pause_refresh_s: float = 1.0,
+        pause_retry_after_s: int = 30,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.aliases = aliases
+        self.engine = engine
+        self.sessions: sessionmaker[Any] = session_factory(engine)
+        self.store = store
+        self.pacer = pacer
+        self.max_retry_wait_s = max_retry_wait_s
+        self.recorder = CallRecorder(self.sessions)
+        self._transport = transport
+        self._timeout = upstream_timeout_s
+        self._pause_refresh_s = pause_refresh_s
+        self._pause_retry_after_s = pause_retry_after_s
+        self._clock = clock
+        self._client: httpx.AsyncClient | None = None
+        self._paused = False
+        self._pause_task: asyncio.Task[None] | None = None
+        self._provider_keys: dict[str, SecretStr] = {}
+        self._first_seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._last_input: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._settling: set[asyncio.Task[None]] = set()
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._openai, methods=["POST"]),
+                Route("/v1/messages", self._anthropic, methods=["POST"]),
+                Route("/health", self._health, methods=["GET"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(
+            transport=self._transport,
+            timeout=httpx.Timeout(self._timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+        )
+        await self.pacer.start()
+        self.recorder.start()
+        await self._refresh_pause()
+        self._pause_task = asyncio.create_task(self._pause_loop(), name="evalfleet-pause-watch")
+
+    async def stop(self) -> None:
+        if self._pause_task is not None:
+            self._pause_task.cancel()
+            await asyncio.gather(self._pause_task, return_exceptions=True)
+        await self.drain()
+        await self.recorder.close()
+        await self.pacer.close()
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def drain(self) -> None:
+        """Wait for pending settlements, then write pending rows."""
+        while self._settling:
+            await asyncio.gather(*list(self._settling), return_exceptions=True)
+        await self.recorder.flush()
+
+    def _lifespan(self, _app: Starlette) -> Any:
+        gateway = self
+
+        class _Ctx:
+            async def __aenter__(self) -> None:
+                await gateway.start()
+
+            async def __aexit__(self, *_exc: object) -> None:
+                await gateway.stop()
+
+        return _Ctx()
+
+    async def _pause_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._pause_refresh_s)
+            await self._refresh_pause()
+
+    async def _refresh_pause(self) -> None:
+        def read() -> bool:
+            with self.engine.connect() as conn:
+                return is_paused(conn, pool="gateway")
+
+        try:
+            self._paused = await asyncio.to_thread(read)
+        except SQLAlchemyError as exc:
+            log.error("reading the gateway pause flag failed: %s", type(exc).__name__)
+
+    async def _health(self, _request: Request) -> Response:
+        return JSONResponse({"ok": True, "paused": self._paused})
+
+    # ------------------------------------------------------------------ entry points
+
+    async def _openai(self, request: Request) -> Response:
+        return await self._handle(request, "openai")
+
+    async def _anthropic(self, request: Request) -> Response:
+        return await self._handle(request, "anthropic")
+
+    async def _handle(self, request: Request, flavour: str) -> Response:
+        requested_at = datetime.now(UTC)
+        if self._paused:
+            return error_response(
+                flavour,
+                503,
+                "overloaded_error" if flavour == "anthropic" else "service_unavailable",
+                "the evalfleet gateway is paused by an operator; retry later",
+                headers={"retry-after": str(self._pause_retry_after_s)},
+            )
+        secret = _presented_key(request)
+        if secret is None:
+            return _unauthorized(flavour, "no gateway key: send Authorization: Bearer <key>")
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return _bad_request(flavour, "request body is not valid JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            return _bad_request(flavour, "model: required (the name of a gateway alias)")
+        alias = self.aliases.find(body["model"])
+        if alias is None:
+            return error_response(
+                flavour,
+                404,
+                "not_found_error" if flavour == "anthropic" else "invalid_request_error",
+                f"model: unknown gateway alias {body['model']!r}; known: "
+                + ", ".join(self.aliases.names()),
+                code="model_not_found",
+            )
+        if alias.flavour != flavour:
+            return _bad_request(
+                flavour, f"model: alias {alias.name!r} is served on {alias.path}, not here"
+            )
+        max_tokens = requested_max_tokens(body)
+        if max_tokens is None:
+            if flavour == "anthropic":
+                return _bad_request(flavour, "max_tokens: required (a positive integer)")
+            max_tokens = alias.default_max_tokens
+            body["max_tokens"] = max_tokens
+        input_tokens = count_prompt_tokens(body)
+        worst_case = alias.worst_case_cost(input_tokens, max_tokens)
+        try:
+            reservation = await asyncio.to_thread(
+                reserve, self.sessions, hash_secret(secret), worst_case, requested_at
+            )
+        except KeyRejected as exc:
+            return _unauthorized(flavour, f"{exc}: not forwarded")
+        except SpendCapExceeded as exc:
+            return error_response(
+                flavour,
+                402,
+                "billing_error" if flavour == "anthropic" else "spend_cap_exceeded",
+                str(exc),
+                code="spend_cap_exceeded",
+                headers={"x-should-retry": "false"},
+            )
+        instance = request.headers.get("x-evalfleet-instance")
+        call = _Call(
+            alias=alias,
+            flavour=flavour,
+            reservation=reservation,
+            instance=instance,
+            harness=request.headers.get("x-evalfleet-harness"),
+            task_age_s=self._task_age(request, reservation.run_id, instance),
+            requested_at=requested_at,
+            input_estimate=input_tokens,
+            max_tokens=max_tokens,
+        )
+        try:
+            return await self._forward(request, body, call)
+        except BaseException:
+            self._settle_now(call, settled_cost=0)
+            raise
+
+    # ------------------------------------------------------------------ forwarding
+
+    async def _forward(self, request: Request, body: dict[str, Any], call: _Call) -> Response:
+        provider_key = await self._provider_key(call.reservation.run_id)
+        if provider_key is None:
+            self._settle_now(call, settled_cost=0)
+            return error_response(
+                call.flavour,
+                502,
+                "api_error",
+                f"run {call.reservation.run_id} has no provider key in the gateway's key store",
+            )
+        call.permit = await self.pacer.acquire(call.alias.name, self._demand(call))
+        stream = bool(body.get("stream"))
+        upstream_body = {**body, "model": call.alias.model}
+        if stream and call.flavour == "openai":
+            upstream_body["stream_options"] = {
+                **(body.get("stream_options") or {}),
+                "include_usage": True,
+            }
+        headers = {"content-type": "application/json"}
+        if call.flavour == "openai":
+            headers["authorization"] = f"Bearer {provider_key.get_secret_value()}"
+        else:
+            headers["x-api-key"] = provider_key.get_secret_value()
+            headers["anthropic-version"] = request.headers.get(
+                "anthropic-version", DEFAULT_ANTHROPIC_VERSION
+            )
+            if "anthropic-beta" in request.headers:
+                headers["anthropic-beta"] = request.headers["anthropic-beta"]
+        content = json.dumps(upstream_body).encode()
+        url = call.alias.base_url + call.alias.path
+        deadline = time.monotonic() + self.max_retry_wait_s
+        assert self._client is not None, "gateway not started"
+        while True:
+            started = time.monotonic()
+            upstream = await self._client.send(
+                self._client.build_request("POST", url, content=content, headers=headers),
+                stream=True,
+            )
+            if upstream.status_code == 200 and stream:
+                return self._stream(upstream, call, started)
+            raw = await upstream.aread()
+            await upstream.aclose()
+            latency = time.monotonic() - started
+            now_epoch = self._clock()
+            verdict = classify(upstream.status_code, upstream.headers, raw, now_epoch=now_epoch)
+            self._observe(call, upstream, verdict.limit_type, verdict.limits, verdict.remaining)
+            out_headers = passthrough_headers(upstream.headers)
+            if upstream.status_code == 200:
+                try:
+                    usage_from_body(call.flavour, json.loads(raw), call.usage)
+                except ValueError:
+                    log.warning("alias %s: provider sent a 200 that is not JSON", call.alias.name)
+                cost = self._record(call, 200, latency, None)
+                self._settle_later(call, cost)
+                return Response(
+                    raw, status_code=200, headers=out_headers, media_type="application/json"
+                )
+            limit = None if verdict.limit_type is LimitType.NONE else verdict.limit_type.value
+            self._record(call, upstream.status_code, latency, limit)
+            wait = verdict.retry_after_s if verdict.retry_after_s is not None else 1.0
+            retryable = (
+                upstream.status_code in RETRYABLE and verdict.limit_type is not LimitType.SPEND
+            )
+            if retryable and not verdict.too_large and time.monotonic() + wait <= deadline:
+                await asyncio.sleep(max(0.0, wait))
+                continue
+            self._settle_now(call, settled_cost=0)
+            return Response(
+                raw,
+                status_code=upstream.status_code,
+                headers=out_headers,
+                media_type=upstream.headers.get("content-type", "application/json"),
+            )
+
+    def _stream(self, upstream: httpx.Response, call: _Call, started: float) -> Response:
+        gateway = self
+
+        async def relay() -> AsyncIterator[bytes]:
+            buffer = b""
+            status = 200
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        if line.startswith(b"data:") and not line.startswith(b"data: [DONE]"):
+                            try:
+                                usage_from_body(call.flavour, json.loads(line[5:]), call.usage)
+                            except ValueError:
+                                continue
+            except httpx.HTTPError:
+                status = 502
+                raise
+            finally:
+                await upstream.aclose()
+                cost = gateway._record(call, status, time.monotonic() - started, None)
+                gateway._settle_now(call, settled_cost=cost if status == 200 else 0)
+
+        headers = passthrough_headers(upstream.headers)
+        self._observe(call, upstream, LimitType.NONE, None, None)
+        return StreamingResponse(
+            relay(),
+            status_code=200,
+            headers=headers,
+            media_type=upstream.headers.get("content-type", "text/event-stream"),
+        )
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _demand(self, call: _Call) -> Demand:
+        key = (call.reservation.run_id, call.instance or "")
+        if call.alias.cached_input_counts or call.instance is None:
+            counted = call.input_estimate
+        else:
+            counted = max(0, call.input_estimate - self._last_input.get(key, 0))
+        if call.instance is not None:
+            self._last_input[key] = call.input_estimate
+            self._last_input.move_to_end(key)
+            while len(self._last_input) > 200_000:
+                self._last_input.popitem(last=False)
+        return Demand(tokens=counted + call.max_tokens, output_tokens=call.max_tokens)
+
+    def _task_age(self, request: Request, run_id: str, instance: str | None) -> float | None:
+        now = self._clock()
+        started = request.headers.get("x-evalfleet-task-started-at")
+        if started is not None:
+            try:
+                return max(0.0, now - float(started))
+            except ValueError:
+                pass
+        if instance is None:
+            return None
+        key = (run_id, instance)
+        first = self._first_seen.setdefault(key, now)
+        self._first_seen.move_to_end(key)
+        while len(self._first_seen) > 200_000:
+            self._first_seen.popitem(last=False)
+        return now - first
+
+    async def _provider_key(self, run_id: str) -> SecretStr | None:
+        key = self._provider_keys.get(run_id)
+        if key is None:
+            key = await self.store.aget(run_id)
+            if key is not None:
+                self._provider_keys[run_id] = key
+        return key
+
+    def forget_run(self, run_id: str) -> None:
+        """Drop a run's cached provider key (after its keys were revoked)."""
+        self._provider_keys.pop(run_id, None)
+
+    def _record(self, call: _Call, status: int, latency_s: float, limit: str | None) -> int:
+        usage = call.usage if status == 200 else CallUsage()
+        cost = call.alias.prices.cost_micro_usd(usage.uncached, usage.input_cached, usage.output)
+        self.recorder.record(
+            {
+                "run_id": call.reservation.run_id,
+                "instance_id": call.instance,
+                "alias": call.alias.name,
+                "harness": call.harness,
+                "requested_at": call.requested_at,
+                "task_age_s": call.task_age_s,
+                "input_tokens": usage.input_total,
+                "cached_input_tokens": usage.input_cached,
+                "output_tokens": usage.output,
+                "latency_s": latency_s,
+                "pacer_wait_s": call.permit.waited_s if call.permit else 0.0,
+                "status": status,
+                "limit_type": limit,
+                "cost_micro_usd": cost,
+            }
+        )
+        return cost
+
+    def _observe(
+        self,
+        call: _Call,
+        upstream: httpx.Response,
+        limit_type: LimitType,
+        limits: Any,
+        remaining: Any,
+    ) -> None:
+        headers = {
+            k: v for k, v in passthrough_headers(upstream.headers).items() if "ratelimit" in k
+        }
+        if not headers:
+            return
+        limited = limit_type not in (LimitType.NONE, LimitType.OVERLOAD)
+        now = datetime.now(UTC)
+        self.recorder.observe(
+            Observation(
+                alias=call.alias.name,
+                observed_at=now,
+                status=upstream.status_code,
+                headers=headers,
+                limits={
+                    "limits": {str(k): v for k, v in (limits or {}).items()},
+                    "remaining": {str(k): v for k, v in (remaining or {}).items()},
+                },
+                last_limit_type=limit_type.value if limited else None,
+                last_limited_at=now if limited else None,
+            )
+        )
+
+    def _pacer_actual(self, call: _Call) -> tuple[int, int]:
+        u = call.usage
+        counted = u.input_total if call.alias.cached_input_counts else u.uncached
+        return counted + u.output, u.output
+
+    def _settle_now(self, call: _Call, settled_cost: int) -> None:
+        """Settle pacer and spend for a call, once (in a tracked background task)."""
+        self._settle_later(call, settled_cost)
+
+    def _settle_later(self, call: _Call, cost: int) -> None:
+        if call.settled:
+            return
+        call.settled = True
+        task = asyncio.get_running_loop().create_task(self._settle(call, cost))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(self, call: _Call, cost: int) -> None:
+        if call.permit is not None:
+            permit, call.permit = call.permit, None
+            tokens, output = self._pacer_actual(call)
+            await self.pacer.settle(permit, tokens, output)
+        try:
+            await asyncio.to_thread(settle, self.sessions, call.reservation, cost)
+        except SQLAlchemyError as exc:
+            log.error(
+                "settling run %s's reservation failed: %s",
+                call.reservation.run_id,
+                type(exc).__name__,
+            )
+
+
+def _presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer ") and auth[7:].strip():
+        return auth[7:].strip()
+    key = request.headers.get("x-api-key", "").strip()
+    return key or None
+
+
+def _unauthorized(flavour: str, message: str) -> JSONResponse:
+    return error_response(
+        flavour,
+        401,
+        "authentication_error" if flavour == "anthropic" else "invalid_request_error",
+        message,
+        code="invalid_api_key",
+        headers={"x-should-retry": "false"},
+    )
+
+
+def _bad_request(flavour: str, message: str) -> JSONResponse:
+    return error_response(
+        flavour,
+        400,
+        "invalid_request_error",
+        message,
+        headers={"x-should-retry": "false"},
+    )
+
+
+__all__ = ["Gateway", "error_response", "usage_from_body"]

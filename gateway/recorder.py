@@ -1,0 +1,121 @@
+"""Call recording off the gateway's hot path: ``llm_calls`` rows and per-alias observations.
+
+The gateway hands each finished attempt (retries included) to ``CallRecorder.record`` — a list
+append — and a background task writes them in batches every ``flush_interval_s`` (one
+``executemany`` in a worker thread). The latest rate-limit headers per alias are kept in memory
+and upserted into ``alias_observations`` with the same flush, for the planner. ``flush()``
+writes everything pending (used at shutdown and by tests); ``close()`` flushes and stops.
+A failed write is logged (no secrets are ever in a row) and retried at the next flush, bounded
+by ``max_pending`` rows so a dead database cannot grow memory without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ledger.models import AliasObservation, LlmCall
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Observation:
+    """The latest rate-limit headers of an alias."""
+
+    alias: str
+    observed_at: datetime
+    status: int
+    headers: dict[str, str]
+    limits: dict[str, Any]
+    last_limit_type: str | None = None
+    last_limited_at: datetime | None = None
+
+
+@dataclass
+class CallRecorder:
+    """Buffers ``llm_calls`` rows and observations; writes them in batches."""
+
+    sessions: sessionmaker[Session]
+    flush_interval_s: float = 0.25
+    max_pending: int = 100_000
+    _rows: list[dict[str, Any]] = field(default_factory=list)
+    _observations: dict[str, Observation] = field(default_factory=dict)
+    _task: asyncio.Task[None] | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    dropped: int = 0
+
+    def record(self, row: dict[str, Any]) -> None:
+        """Queue one ``llm_calls`` row (keys are LlmCall column names)."""
+        if len(self._rows) >= self.max_pending:
+            self.dropped += 1
+            log.error("llm_calls buffer full (%d rows): dropping a row", self.max_pending)
+            return
+        self._rows.append(row)
+
+    def observe(self, obs: Observation) -> None:
+        """Keep the alias's latest headers; a 429's limit type sticks until the next one."""
+        previous = self._observations.get(obs.alias)
+        if obs.last_limit_type is None and previous is not None:
+            obs.last_limit_type = previous.last_limit_type
+            obs.last_limited_at = previous.last_limited_at
+        self._observations[obs.alias] = obs
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="evalfleet-call-recorder")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval_s)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write everything pending now."""
+        async with self._lock:
+            rows, self._rows = self._rows, []
+            observations = list(self._observations.values())
+            if not rows and not observations:
+                return
+            try:
+                await asyncio.to_thread(self._write, rows, observations)
+            except SQLAlchemyError as exc:
+                log.error("writing %d llm_calls rows failed: %s", len(rows), type(exc).__name__)
+                self._rows[:0] = rows
+                return
+            for obs in observations:
+                if self._observations.get(obs.alias) is obs:
+                    del self._observations[obs.alias]
+
+    def _write(self, rows: list[dict[str, Any]], observations: list[Observation]) -> None:
+        with self.sessions.begin() as session:
+            if rows:
+                session.execute(insert(LlmCall), rows)
+            for obs in observations:
+                session.merge(
+                    AliasObservation(
+                        alias=obs.alias,
+                        observed_at=obs.observed_at,
+                        status=obs.status,
+                        headers=obs.headers,
+                        limits=obs.limits,
+                        last_limit_type=obs.last_limit_type,
+                        last_limited_at=obs.last_limited_at,
+                    )
+                )
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.flush()
