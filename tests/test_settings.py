@@ -61,7 +61,9 @@ def test_defaults_load_without_any_environment() -> None:
     assert settings.heartbeat_s < settings.visibility_timeout_s
 
 
-def test_environment_values_are_read_and_typed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_environment_values_are_read_and_typed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("EVALFLEET_PLANNER_TICK_S", "20")
     monkeypatch.setenv("EVALFLEET_DEFAULT_MAX_ATTEMPTS", "5")
     monkeypatch.setenv("EVALFLEET_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1/x")
