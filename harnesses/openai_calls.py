@@ -1,0 +1,87 @@
+"""One chat-completion call through the gateway with the official ``openai`` SDK, classified.
+
+Shared by the ``simulated`` and ``trace-replay`` harnesses. The SDK's own retries are off: the
+gateway already retries 429/529 within its budget, so a 429, 5xx or connection failure that
+reaches the harness is infrastructure (``InfrastructureFailure``: requeued, never scored). A
+refused key (401/403, e.g. the run was closed) is infrastructure too. Any other 4xx means the
+agent sent something the provider rejects, which is the agent's failure (``HarnessFailed``).
+Error messages carry the status and the provider's short message, never the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import openai
+
+from evalfleet.errors import HarnessFailed, InfrastructureFailure
+from harnesses.base import HarnessContext
+
+
+@dataclass(frozen=True)
+class CallUsage:
+    """Usage of one call as the response reported it, and the assistant's text."""
+
+    text: str
+    input_tokens: int
+    cached_input_tokens: int
+    output_tokens: int
+
+
+def make_client(ctx: HarnessContext, timeout_s: float) -> openai.OpenAI:
+    """An OpenAI client on the gateway's ``/v1`` with the run's gateway key."""
+    return openai.OpenAI(
+        base_url=ctx.gateway_url.rstrip("/") + "/v1",
+        api_key=ctx.gateway_key.get_secret_value(),
+        max_retries=0,
+        timeout=timeout_s,
+        http_client=cast(Any, ctx.http_client),  # the SDK accepts httpx and httpx2 clients
+        default_headers={
+            "x-evalfleet-run": ctx.run_id,
+            "x-evalfleet-instance": ctx.instance_id,
+        },
+    )
+
+
+def chat(
+    client: openai.OpenAI, model: str, messages: list[dict[str, Any]], max_tokens: int
+) -> CallUsage:
+    """Make one call; classify failures (see module docstring)."""
+    try:
+        response = client.chat.completions.create(
+            model=model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+        )
+    except openai.RateLimitError as exc:
+        raise InfrastructureFailure("rate_limited", _describe(exc)) from None
+    except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+        raise InfrastructureFailure("gateway_refused_key", _describe(exc)) from None
+    except openai.APIStatusError as exc:
+        if exc.status_code >= 500 or exc.status_code in (402, 408, 409):
+            raise InfrastructureFailure("provider_unavailable", _describe(exc)) from None
+        raise HarnessFailed("provider_rejected_request", _describe(exc)) from None
+    except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+        raise InfrastructureFailure("gateway_unreachable", type(exc).__name__) from None
+    usage = response.usage
+    cached = 0
+    if usage is not None and usage.prompt_tokens_details is not None:
+        cached = usage.prompt_tokens_details.cached_tokens or 0
+    text = response.choices[0].message.content if response.choices else None
+    return CallUsage(
+        text=text or "",
+        input_tokens=usage.prompt_tokens if usage else 0,
+        cached_input_tokens=cached,
+        output_tokens=usage.completion_tokens if usage else 0,
+    )
+
+
+def _describe(exc: openai.APIStatusError) -> str:
+    message = ""
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            message = str(error.get("message", ""))[:200]
+    return f"HTTP {exc.status_code} {message}".strip()
