@@ -1,0 +1,51 @@
+"""Helpers shared by the queue tests (imported as a plain module: tests/ledger is on sys.path)."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import Engine, select
+
+from ledger.models import InstanceResult, Job
+from ledger.runs import NewRun, create_run
+
+
+def make_run(
+    engine: Engine, n: int, *, max_attempts: int = 3, state: str = "running", prefix: str = "inst"
+) -> tuple[str, list[str]]:
+    from evalfleet.states import RunState
+
+    run_id = str(uuid.uuid4())
+    instances = [f"{prefix}-{i:05d}" for i in range(n)]
+    create_run(
+        engine,
+        NewRun(
+            run_id=run_id,
+            name="test-run",
+            harness="simulated",
+            alias="sim",
+            instance_ids=instances,
+            spend_cap_micro_usd=1_000_000,
+            max_attempts=max_attempts,
+            state=RunState(state),
+        ),
+    )
+    return run_id, instances
+
+
+def states(engine: Engine, run_id: str) -> dict[str, str]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(InstanceResult.instance_id, InstanceResult.state).where(
+                InstanceResult.run_id == run_id
+            )
+        ).all()
+    return {i: s for i, s in rows}
+
+
+def jobs(engine: Engine, run_id: str) -> dict[str, tuple[str | None, int]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(Job.instance_id, Job.lease_token, Job.receive_count).where(Job.run_id == run_id)
+        ).all()
+    return {i: (t, c) for i, t, c in rows}
