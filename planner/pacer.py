@@ -1,0 +1,305 @@
+"""The pacer core: admits LLM calls against an alias's budgets, FIFO, with the clock passed in.
+
+Both the discrete-event simulator and the gateway (an asyncio wrapper) use this one admission
+rule, so what the benchmark measures is what production runs. It owns:
+- per-second token buckets for calls/s, counted tokens/s and (optionally) output tokens/s, each
+  of capacity ``rate * burst_s`` (the calls bucket holds at least one call), refilled
+  continuously, starting full;
+- an in-flight token budget: the sum of the in-flight calls' tokens (all input, cached or not,
+  plus ``max_output``: the context the provider is working on) stays within it;
+- a FIFO queue with head-of-line fairness: only the head may be admitted, so a big call is
+  never starved by a stream of small ones. A call larger than a bucket's capacity is admitted
+  when that bucket is full, and one larger than the in-flight budget when nothing is in flight;
+  it leaves the bucket in debt, so the long-run rate still holds and nothing dead-locks;
+- settlement: calls are charged on their estimate (uncached input, plus cached input when the
+  provider counts it, plus ``max_output`` for a combined token class / the output bucket) and
+  ``release`` settles the estimate against actual usage (a failed call with no usage is
+  refunded its tokens, not its call) and frees its in-flight tokens;
+- live budget updates from the planner (``set_budgets``): levels are clipped to the new
+  capacities, nothing admitted is revoked.
+
+Usage: ``request`` enqueues a call and says whether it is admitted now (else a lower bound of
+its wait; ``inf`` means it waits for a release). ``poll(now)`` returns the calls admitted since
+the last poll (in FIFO order); ``next_ready_at(now)`` says when the head can go if nothing is
+released meanwhile. Pure: no clock reads, no I/O; time is seconds, non-decreasing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from planner.budgets import Budgets, TokenClass
+
+__all__ = ["Admission", "CallEstimate", "CallUsage", "PacerCore"]
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class CallEstimate:
+    """What a call is admitted on: its input (split by cache) and its ``max_tokens``."""
+
+    input_uncached: int
+    input_cached: int = 0
+    max_output: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.input_uncached, self.input_cached, self.max_output) < 0:
+            raise ValueError(f"token counts must be >= 0: {self}")
+
+
+@dataclass(frozen=True)
+class CallUsage:
+    """What a finished call actually used, from the provider's response."""
+
+    input_uncached: int
+    input_cached: int = 0
+    output: int = 0
+
+
+@dataclass(frozen=True)
+class Admission:
+    """``admitted`` now, or not with ``wait_s``: a lower bound (``inf``: waits for a release)."""
+
+    admitted: bool
+    wait_s: float = 0.0
+
+
+class _Bucket:
+    __slots__ = ("capacity", "level", "rate")
+
+    def __init__(self, rate: float, capacity: float) -> None:
+        self.rate = rate
+        self.capacity = capacity
+        self.level = capacity
+
+    def refill(self, dt: float) -> None:
+        if dt > 0 and self.level < self.capacity:
+            self.level = min(self.capacity, self.level + dt * self.rate)
+
+    def wait_for(self, need: float) -> float:
+        short = min(need, self.capacity) - self.level
+        if short <= _EPS * max(1.0, need):
+            return 0.0
+        return short / self.rate
+
+    def credit(self, amount: float) -> None:
+        self.level = min(self.capacity, self.level + amount)
+
+
+@dataclass(frozen=True)
+class _Charge:
+    counted: int
+    output: int
+    inflight: int
+
+
+class PacerCore:
+    """FIFO admission against calls/s, counted tokens/s, output tokens/s and in-flight tokens."""
+
+    def __init__(
+        self,
+        budgets: Budgets,
+        burst_s: float,
+        *,
+        token_class: TokenClass = "input",
+        cached_input_counts: bool = False,
+        now: float = 0.0,
+    ) -> None:
+        if not (math.isfinite(burst_s) and burst_s > 0):
+            raise ValueError(f"burst_s must be a positive number of seconds, got {burst_s!r}")
+        self.burst_s = burst_s
+        self.token_class: TokenClass = token_class
+        self.cached_input_counts = cached_input_counts
+        self._now = now
+        self._budgets = budgets
+        self._calls = _Bucket(budgets.calls_per_s, self._calls_capacity(budgets.calls_per_s))
+        self._tokens = _Bucket(budgets.tokens_per_s, budgets.tokens_per_s * burst_s)
+        self._output: _Bucket | None = None
+        if budgets.output_tokens_per_s is not None:
+            self._output = _Bucket(
+                budgets.output_tokens_per_s, budgets.output_tokens_per_s * burst_s
+            )
+        self._inflight_budget = budgets.inflight_tokens
+        self._inflight = 0
+        self._queue: deque[tuple[str, CallEstimate, _Charge]] = deque()
+        self._queued_ids: set[str] = set()
+        self._admitted: dict[str, tuple[CallEstimate, _Charge]] = {}
+        self._unreported: list[str] = []
+
+    # -- introspection ------------------------------------------------------------------------
+    @property
+    def budgets(self) -> Budgets:
+        return self._budgets
+
+    @property
+    def queue_len(self) -> int:
+        return len(self._queue)
+
+    @property
+    def inflight_tokens(self) -> int:
+        return self._inflight
+
+    @property
+    def inflight_calls(self) -> int:
+        return len(self._admitted)
+
+    def levels(self, now: float) -> dict[str, float]:
+        """Bucket levels at ``now`` (may be negative after an oversize call)."""
+        self._advance(now)
+        out = {"calls": self._calls.level, "tokens": self._tokens.level}
+        if self._output is not None:
+            out["output_tokens"] = self._output.level
+        return out
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _calls_capacity(self, rate: float) -> float:
+        return max(rate * self.burst_s, 1.0)
+
+    def _advance(self, now: float) -> None:
+        dt = now - self._now
+        if dt > 0:
+            self._calls.refill(dt)
+            self._tokens.refill(dt)
+            if self._output is not None:
+                self._output.refill(dt)
+            self._now = now
+
+    def _charge(self, est: CallEstimate) -> _Charge:
+        counted = est.input_uncached + (est.input_cached if self.cached_input_counts else 0)
+        if self.token_class == "combined":
+            counted += est.max_output
+        inflight = est.input_uncached + est.input_cached + est.max_output
+        return _Charge(counted=counted, output=est.max_output, inflight=inflight)
+
+    def _wait(self, charge: _Charge) -> float:
+        """Seconds until ``charge`` could be admitted (``inf``: blocked on in-flight)."""
+        if self._inflight > 0 and self._inflight + charge.inflight > self._inflight_budget:
+            return math.inf
+        w = max(self._calls.wait_for(1.0), self._tokens.wait_for(charge.counted))
+        if self._output is not None:
+            w = max(w, self._output.wait_for(charge.output))
+        return w
+
+    def _admit(self, call_id: str, est: CallEstimate, charge: _Charge) -> None:
+        self._calls.level -= 1.0
+        self._tokens.level -= charge.counted
+        if self._output is not None:
+            self._output.level -= charge.output
+        self._inflight += charge.inflight
+        self._admitted[call_id] = (est, charge)
+
+    def _drain(self) -> list[str]:
+        out: list[str] = []
+        while self._queue:
+            call_id, est, charge = self._queue[0]
+            if self._wait(charge) > 0:
+                break
+            self._queue.popleft()
+            self._queued_ids.discard(call_id)
+            self._admit(call_id, est, charge)
+            out.append(call_id)
+        return out
+
+    # -- API ---------------------------------------------------------------------------------
+    def request(self, call_id: str, estimate: CallEstimate, now: float) -> Admission:
+        """Queue a call; admitted now if it reaches the head and fits, else a wait bound."""
+        if call_id in self._queued_ids or call_id in self._admitted:
+            raise ValueError(f"call {call_id!r} is already queued or in flight")
+        self._advance(now)
+        self._queue.append((call_id, estimate, self._charge(estimate)))
+        self._queued_ids.add(call_id)
+        admitted = self._drain()
+        if call_id in admitted:
+            admitted.remove(call_id)
+            self._unreported.extend(admitted)
+            return Admission(True, 0.0)
+        self._unreported.extend(admitted)
+        return Admission(False, self._head_wait())
+
+    def _head_wait(self) -> float:
+        if not self._queue:
+            return 0.0
+        return self._wait(self._queue[0][2])
+
+    def poll(self, now: float) -> list[str]:
+        """Admit what can go at ``now``; return every call admitted since the last poll
+        (except those ``request`` already reported), in FIFO order."""
+        self._advance(now)
+        out = self._unreported + self._drain()
+        self._unreported = []
+        return out
+
+    def next_ready_at(self, now: float) -> float | None:
+        """When the head of the queue can go if nothing is released; None if the queue is
+        empty, ``inf`` if it waits for in-flight tokens to be released."""
+        self._advance(now)
+        if not self._queue:
+            return None
+        return now + self._head_wait()
+
+    def release(self, call_id: str, actual: CallUsage | None, now: float) -> None:
+        """Settle an admitted call against its actual usage (None: it failed, refund its
+        tokens) and free its in-flight tokens. Call ``poll`` afterwards."""
+        self._advance(now)
+        entry = self._admitted.pop(call_id, None)
+        if entry is None:
+            raise KeyError(f"call {call_id!r} is not in flight")
+        est, charge = entry
+        self._inflight -= charge.inflight
+        if actual is None:
+            self._tokens.credit(charge.counted)
+            if self._output is not None:
+                self._output.credit(charge.output)
+            return
+        counted = actual.input_uncached + (actual.input_cached if self.cached_input_counts else 0)
+        if self.token_class == "combined":
+            counted += actual.output
+        self._settle(self._tokens, charge.counted - counted)
+        if self._output is not None:
+            self._settle(self._output, est.max_output - actual.output)
+
+    @staticmethod
+    def _settle(bucket: _Bucket, refund: float) -> None:
+        if refund >= 0:
+            bucket.credit(refund)
+        else:
+            bucket.level += refund  # the call used more than estimated: charge the rest
+
+    def cancel(self, call_id: str, now: float) -> bool:
+        """Drop a queued call (client gone). Returns False if it was not queued."""
+        self._advance(now)
+        if call_id not in self._queued_ids:
+            return False
+        self._queue = deque(item for item in self._queue if item[0] != call_id)
+        self._queued_ids.discard(call_id)
+        return True
+
+    def set_budgets(self, budgets: Budgets, now: float) -> None:
+        """Planner update: new rates and capacities from ``now``; levels clipped, nothing
+        in flight is revoked."""
+        self._advance(now)
+        self._budgets = budgets
+        self._retune(self._calls, budgets.calls_per_s, self._calls_capacity(budgets.calls_per_s))
+        self._retune(self._tokens, budgets.tokens_per_s, budgets.tokens_per_s * self.burst_s)
+        if budgets.output_tokens_per_s is None:
+            self._output = None
+        elif self._output is None:
+            self._output = _Bucket(
+                budgets.output_tokens_per_s, budgets.output_tokens_per_s * self.burst_s
+            )
+        else:
+            self._retune(
+                self._output,
+                budgets.output_tokens_per_s,
+                budgets.output_tokens_per_s * self.burst_s,
+            )
+        self._inflight_budget = budgets.inflight_tokens
+
+    @staticmethod
+    def _retune(bucket: _Bucket, rate: float, capacity: float) -> None:
+        bucket.rate = rate
+        bucket.capacity = capacity
+        bucket.level = min(bucket.level, capacity)

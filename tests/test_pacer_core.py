@@ -1,0 +1,231 @@
+"""The pacer core: rates, burst bound, head-of-line fairness, in-flight budget, settlement."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+
+import pytest
+
+from planner.budgets import Budgets
+from planner.pacer import CallEstimate, CallUsage, PacerCore
+
+
+def budgets(
+    calls: float = 1000.0,
+    tokens: float = 1e9,
+    output: float | None = None,
+    inflight: float = 1e12,
+) -> Budgets:
+    return Budgets(
+        calls_per_s=calls, tokens_per_s=tokens, output_tokens_per_s=output, inflight_tokens=inflight
+    )
+
+
+def drive(
+    pacer: PacerCore,
+    arrivals: list[tuple[float, str, CallEstimate, float, CallUsage | None]],
+    until: float,
+) -> dict[str, float]:
+    """A tiny event loop: arrivals, admissions (via request/poll/next_ready_at), releases after
+    each call's duration. Returns the admission time of every admitted call."""
+    admitted_at: dict[str, float] = {}
+    info = {a[1]: a for a in arrivals}
+    events: list[tuple[float, int, str, str]] = []
+    seq = 0
+    for t, cid, _est, _dur, _usage in arrivals:
+        heapq.heappush(events, (t, seq, "arrive", cid))
+        seq += 1
+
+    def admitted(cid: str, now: float) -> None:
+        nonlocal seq
+        admitted_at[cid] = now
+        heapq.heappush(events, (now + info[cid][3], seq, "release", cid))
+        seq += 1
+
+    wake_at = math.inf
+    while events:
+        now, _, kind, cid = heapq.heappop(events)
+        if now > until:
+            break
+        if kind == "arrive":
+            if pacer.request(cid, info[cid][2], now).admitted:
+                admitted(cid, now)
+        elif kind == "release":
+            pacer.release(cid, info[cid][4], now)
+        for other in pacer.poll(now):
+            admitted(other, now)
+        nxt = pacer.next_ready_at(now)
+        if nxt is not None and math.isfinite(nxt) and nxt != wake_at:
+            wake_at = nxt
+            heapq.heappush(events, (max(nxt, now), seq, "wake", ""))
+            seq += 1
+    return admitted_at
+
+
+def flood(n: int, est: CallEstimate, rate: float, dur: float = 0.5, start: float = 0.0):
+    usage = CallUsage(est.input_uncached, est.input_cached, est.max_output)
+    return [(start + i / rate, f"c{i}", est, dur, usage) for i in range(n)]
+
+
+def test_long_run_call_rate_within_2_percent() -> None:
+    pacer = PacerCore(budgets(calls=20.0), burst_s=2.0)
+    times = drive(pacer, flood(20000, CallEstimate(100), rate=50.0), until=600.0)
+    admitted = sum(1 for t in times.values() if t <= 600.0)
+    expected = 20.0 * 600.0 + 20.0 * 2.0  # rate x time + one burst
+    assert abs(admitted - expected) / expected <= 0.02
+
+
+def test_long_run_token_rate_within_2_percent() -> None:
+    pacer = PacerCore(budgets(tokens=10_000.0), burst_s=1.0)
+    est = CallEstimate(input_uncached=700, input_cached=5000, max_output=300)
+    times = drive(pacer, flood(20000, est, rate=40.0), until=600.0)
+    tokens = 700 * sum(1 for t in times.values() if t <= 600.0)  # cached not counted
+    expected = 10_000.0 * 600.0
+    assert abs(tokens - expected) / expected <= 0.02
+
+
+def test_any_window_gets_at_most_rate_times_window_plus_burst() -> None:
+    rng = random.Random(3)
+    rate, burst = 10.0, 1.5
+    pacer = PacerCore(budgets(calls=rate), burst_s=burst)
+    arrivals = []
+    t = 0.0
+    for i in range(3000):
+        t += rng.expovariate(30.0) if i % 200 < 150 else rng.expovariate(2.0)  # bursty
+        arrivals.append((t, f"c{i}", CallEstimate(10), rng.uniform(0.1, 3.0), None))
+    times = sorted(drive(pacer, arrivals, until=t + 1000).values())
+    assert len(times) == 3000
+    for w in (0.0, 0.5, 1.0, 5.0, 30.0):
+        j = 0
+        for i, start in enumerate(times):
+            while j < len(times) and times[j] <= start + w + 1e-9:
+                j += 1
+            assert j - i <= rate * (w + burst) + 1e-6, (w, start, j - i)
+
+
+def test_big_call_is_not_starved_by_a_stream_of_small_ones() -> None:
+    # tokens 1000/s, bucket 1000: the big call (5000) is larger than the bucket.
+    pacer = PacerCore(budgets(tokens=1000.0), burst_s=1.0)
+    small = [(i * 0.05, f"s{i}", CallEstimate(100), 0.2, None) for i in range(4000)]
+    big = [(10.0, "big", CallEstimate(5000), 1.0, None)]
+    times = drive(pacer, sorted(small + big), until=400.0)
+    assert "big" in times
+    # Small calls queued ahead of it at t=10 need ~ (demand so far - budget) / rate; the big
+    # call then needs one full bucket. Demand is 2000/s vs 1000/s, so by t=10 the backlog is
+    # 10 s of budget; it goes by ~t=21, and small calls behind it wait for it (FIFO).
+    assert times["big"] <= 23.0
+    behind = [times[f"s{i}"] for i in range(201, 260)]
+    assert all(t >= times["big"] for t in behind)
+
+
+def test_call_larger_than_the_inflight_budget_goes_alone() -> None:
+    pacer = PacerCore(budgets(inflight=10_000.0), burst_s=1.0)
+    arrivals = [
+        (0.0, "a", CallEstimate(4000), 5.0, None),
+        (0.1, "huge", CallEstimate(30_000), 5.0, None),
+        (0.2, "b", CallEstimate(1000), 5.0, None),
+    ]
+    times = drive(pacer, arrivals, until=100.0)
+    assert times["a"] == 0.0
+    assert times["huge"] == pytest.approx(5.0)  # when "a" is released, alone
+    assert times["b"] == pytest.approx(10.0)  # behind it, not ahead of it
+
+
+def test_inflight_budget_is_honoured() -> None:
+    pacer = PacerCore(budgets(inflight=10_000.0), burst_s=1.0)
+    est = CallEstimate(input_uncached=1000, input_cached=1500, max_output=500)  # 3000 in flight
+    a = [pacer.request(f"c{i}", est, 0.0).admitted for i in range(5)]
+    assert a == [True, True, True, False, False]
+    assert pacer.inflight_tokens == 9000
+    assert pacer.next_ready_at(0.0) == math.inf
+    pacer.release("c0", CallUsage(1000, 1500, 200), 1.0)
+    assert pacer.poll(1.0) == ["c3"]
+    assert pacer.inflight_tokens == 9000
+
+
+def test_release_settles_the_estimate_against_actual_usage() -> None:
+    pacer = PacerCore(budgets(tokens=1000.0, output=1000.0), burst_s=1.0, token_class="combined")
+    est = CallEstimate(input_uncached=200, max_output=800)  # counted 1000, output 800
+    assert pacer.request("a", est, 0.0).admitted
+    assert not pacer.request("b", est, 0.0).admitted
+    pacer.release("a", CallUsage(200, 0, 100), 0.0)  # used 300 counted, 100 output
+    assert pacer.levels(0.0)["tokens"] == pytest.approx(700.0)
+    assert pacer.levels(0.0)["output_tokens"] == pytest.approx(900.0)
+    assert pacer.next_ready_at(0.0) == pytest.approx(0.3)  # 300 more tokens at 1000/s
+
+
+def test_failed_call_is_refunded_its_tokens_not_its_call() -> None:
+    pacer = PacerCore(budgets(calls=1.0, tokens=1000.0), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(1000), 0.0).admitted
+    pacer.release("a", None, 0.0)
+    lv = pacer.levels(0.0)
+    assert lv["tokens"] == pytest.approx(1000.0) and lv["calls"] == pytest.approx(0.0)
+
+
+def test_usage_above_the_estimate_is_charged() -> None:
+    pacer = PacerCore(budgets(tokens=1000.0), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(500, input_cached=500), 0.0).admitted
+    pacer.release("a", CallUsage(900, 100, 0), 0.0)  # the cache missed: 900 uncached
+    assert pacer.levels(0.0)["tokens"] == pytest.approx(100.0)
+
+
+def test_cached_input_counts_and_combined_class() -> None:
+    est = CallEstimate(input_uncached=100, input_cached=900, max_output=50)
+    cases = {
+        ("input", False): 100,
+        ("input", True): 1000,
+        ("combined", False): 150,
+        ("combined", True): 1050,
+    }
+    for (token_class, counts), charged in cases.items():
+        pacer = PacerCore(
+            budgets(tokens=2000.0), 1.0, token_class=token_class, cached_input_counts=counts
+        )
+        pacer.request("x", est, 0.0)
+        assert pacer.levels(0.0)["tokens"] == pytest.approx(2000.0 - charged)
+
+
+def test_set_budgets_changes_the_rate_from_now() -> None:
+    pacer = PacerCore(budgets(calls=10.0), burst_s=1.0)
+    for i in range(10):
+        assert pacer.request(f"a{i}", CallEstimate(1), 0.0).admitted
+    pacer.set_budgets(budgets(calls=1.0), 0.0)
+    assert not pacer.request("b", CallEstimate(1), 0.0).admitted
+    assert pacer.next_ready_at(0.0) == pytest.approx(1.0)
+    pacer.set_budgets(budgets(calls=100.0), 0.5)
+    assert pacer.poll(0.5) == []  # refilled 0.5 at 1/s until 0.5: not yet one call
+    assert pacer.next_ready_at(0.5) == pytest.approx(0.505)
+
+
+def test_queued_calls_are_reported_once_in_fifo_order() -> None:
+    pacer = PacerCore(budgets(calls=1.0), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(1), 0.0).admitted
+    assert not pacer.request("b", CallEstimate(1), 0.0).admitted
+    assert not pacer.request("c", CallEstimate(1), 0.5).admitted
+    # at t=2.0 the new request drains "b" (one call per second), which poll then reports
+    adm = pacer.request("d", CallEstimate(1), 2.0)
+    assert not adm.admitted
+    assert pacer.poll(2.0) == ["b"]
+    assert pacer.poll(2.0) == []
+    assert pacer.poll(3.0) == ["c"]
+    assert pacer.poll(4.0) == ["d"]
+
+
+def test_cancel_and_duplicates() -> None:
+    pacer = PacerCore(budgets(calls=1.0), burst_s=1.0)
+    pacer.request("a", CallEstimate(1), 0.0)
+    pacer.request("b", CallEstimate(1), 0.0)
+    with pytest.raises(ValueError, match="already"):
+        pacer.request("b", CallEstimate(1), 0.0)
+    assert pacer.cancel("b", 0.0)
+    assert not pacer.cancel("b", 0.0)
+    assert pacer.next_ready_at(0.0) is None
+    with pytest.raises(KeyError):
+        pacer.release("zz", None, 0.0)
+
+
+def test_bad_burst_is_rejected() -> None:
+    with pytest.raises(ValueError, match="burst_s"):
+        PacerCore(budgets(), burst_s=0.0)
