@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-import scipy.optimize
 
 from evalfleet.errors import ConfigError
+from planner.curve_smoothing import averaging_matrix, cv_penalty, roughness_matrix, solve_nodes
 from planner.curves import HarnessCurve
 
 FloatArray = npt.NDArray[np.float64]
@@ -225,45 +225,47 @@ def _pool(exposure: FloatArray, min_exposure_s: float) -> list[npt.NDArray[np.in
     return [np.asarray(g, dtype=np.intp) for g in groups]
 
 
-def _averaging_matrix(
-    node_age: FloatArray,
-    groups: list[npt.NDArray[np.intp]],
-    edges: FloatArray,
-    durations: FloatArray,
-    points_per_bin: int = 30,
-) -> FloatArray:
-    """``A[g, j]``: exposure-weighted mean over pooled bin ``g`` of the ``j``-th hat function.
-
-    The curve interpolates linearly between nodes, so its exposure-weighted mean over bin ``g``
-    is ``A[g] @ node_values``.
-    """
-    bin_s = float(edges[1] - edges[0])
-    step = bin_s / points_per_bin
-    grid = np.arange(0.0, float(edges[-1]), step) + step / 2.0
-    sorted_d = np.sort(durations)
-    alive = (sorted_d.size - np.searchsorted(sorted_d, grid, side="right")).astype(np.float64)
-    group_of_bin = np.empty(edges.size - 1, dtype=np.intp)
-    for gi, g in enumerate(groups):
-        group_of_bin[g] = gi
-    grid_group = group_of_bin[np.minimum((grid // bin_s).astype(np.intp), edges.size - 2)]
-    n = node_age.size
-    averaging = np.zeros((len(groups), n))
-    for j in range(n):
-        hat = np.interp(grid, node_age, np.eye(n)[j])
-        averaging[:, j] = np.bincount(grid_group, weights=alive * hat, minlength=len(groups))
-    totals = np.bincount(grid_group, weights=alive, minlength=len(groups))
-    return averaging / np.maximum(totals, 1e-12)[:, None]
+def _bin_events(
+    p: _Prepared, edges: FloatArray, instance_mask: npt.NDArray[np.bool_] | None
+) -> tuple[FloatArray, dict[str, FloatArray]]:
+    """Exposure (alive task-seconds) and event sums per bin, for the instances in the mask."""
+    n_bins = edges.size - 1
+    durations = p.durations if instance_mask is None else p.durations[instance_mask]
+    zeros = np.zeros(durations.size)
+    exposure = interval_mass(zeros, durations, np.ones_like(zeros), edges)
+    sel = (
+        np.ones(p.age.size, dtype=bool) if instance_mask is None else instance_mask[p.call_instance]
+    )
+    age, cached, uncached, out = p.age[sel], p.cached[sel], p.uncached[sel], p.output[sel]
+    idx = np.minimum((age // (edges[1] - edges[0])).astype(np.intp), n_bins - 1)
+    flight_end = age + p.latency[sel]
+    events = {
+        "calls_per_s": _binsum(idx, None, n_bins),
+        "cached_input_tokens_per_s": _binsum(idx, cached, n_bins),
+        "uncached_input_tokens_per_s": _binsum(idx, uncached, n_bins),
+        "output_tokens_per_s": _binsum(idx, out, n_bins),
+        "inflight_tokens": interval_mass(age, flight_end, cached + uncached + out, edges),
+        "inflight_calls": interval_mass(age, flight_end, np.ones_like(age), edges),
+    }
+    return exposure, events
 
 
-def _solve_nodes(averaging: FloatArray, bin_means: FloatArray, exposure: FloatArray) -> FloatArray:
-    """Node values >= 0 whose interpolated curve has the observed exposure-weighted bin means.
-
-    Non-negative least squares, each bin weighted by the square root of its exposure (exact
-    whenever the exact solution is non-negative).
-    """
-    w = np.sqrt(exposure / exposure.max())
-    solution, _ = scipy.optimize.nnls(averaging * w[:, None], bin_means * w)
-    return np.asarray(solution, dtype=np.float64)
+def _fold_events(
+    p: _Prepared, edges: FloatArray, groups: list[npt.NDArray[np.intp]], k: int
+) -> tuple[FloatArray, dict[str, FloatArray]]:
+    """Per instance fold (deterministic: sorted ids dealt round-robin), pooled-bin sums."""
+    k = max(2, min(k, p.durations.size))
+    fold_of = np.arange(p.durations.size) % k
+    fold_exposure = np.zeros((k, len(groups)))
+    fold_events: dict[str, FloatArray] = {}
+    for f in range(k):
+        exposure, events = _bin_events(p, edges, fold_of == f)
+        fold_exposure[f] = [exposure[g].sum() for g in groups]
+        for name, ev in events.items():
+            fold_events.setdefault(name, np.zeros((k, len(groups))))[f] = [
+                ev[g].sum() for g in groups
+            ]
+    return fold_exposure, fold_events
 
 
 def _survival(
@@ -296,6 +298,8 @@ def fit_curve(
     latency_base_s: float = 1.0,
     latency_per_output_token_s: float = 0.01,
     mean_preserving: bool = True,
+    smooth: bool = True,
+    cv_folds: int = 5,
     fit_info: dict[str, Any] | None = None,
 ) -> FitResult:
     """Fit a ``HarnessCurve`` for ``harness`` from a table of calls (see the module docstring).
@@ -306,6 +310,9 @@ def fit_curve(
     With ``mean_preserving`` (the default) node values are solved so that the interpolated
     curve's exposure-weighted mean over each pooled bin equals the observed rate there (plain
     bin rates at the nodes would bias bins where the rate bends, e.g. the first minute).
+    With ``smooth`` a roughness penalty regularises the sparsely observed tail; its weight is
+    chosen per quantity by ``cv_folds``-fold cross-validation over instances (see
+    ``planner.curve_smoothing``).
     """
     problems = []
     if not (math.isfinite(bin_s) and bin_s > 0):
@@ -323,21 +330,7 @@ def fit_curve(
 
     n_bins = max(1, math.ceil(float(p.durations.max()) / bin_s))
     edges = np.arange(n_bins + 1, dtype=np.float64) * bin_s
-    zeros = np.zeros(p.durations.size)
-    exposure = interval_mass(zeros, p.durations, np.ones_like(zeros), edges)
-    idx = np.minimum((p.age // bin_s).astype(np.intp), n_bins - 1)
-    events = {
-        "calls_per_s": _binsum(idx, None, n_bins),
-        "cached_input_tokens_per_s": _binsum(idx, p.cached, n_bins),
-        "uncached_input_tokens_per_s": _binsum(idx, p.uncached, n_bins),
-        "output_tokens_per_s": _binsum(idx, p.output, n_bins),
-    }
-    flight_end = p.age + p.latency
-    events["inflight_tokens"] = interval_mass(
-        p.age, flight_end, p.cached + p.uncached + p.output, edges
-    )
-    events["inflight_calls"] = interval_mass(p.age, flight_end, np.ones_like(p.age), edges)
-
+    exposure, events = _bin_events(p, edges, None)
     centers = (edges[:-1] + edges[1:]) / 2.0
     groups = [g for g in _pool(exposure, min_exp) if exposure[g].sum() > 0]
     node_age = np.array([np.average(centers[g], weights=exposure[g]) for g in groups])
@@ -346,9 +339,18 @@ def fit_curve(
         name: np.array([ev[g].sum() for g in groups]) / group_exposure
         for name, ev in events.items()
     }
+    smoothing: dict[str, float] = {}
     if mean_preserving and len(groups) > 1:
-        averaging = _averaging_matrix(node_age, groups, edges, p.durations)
-        values = {name: _solve_nodes(averaging, v, group_exposure) for name, v in values.items()}
+        averaging = averaging_matrix(node_age, groups, edges, p.durations)
+        rough = roughness_matrix(node_age) if smooth else np.zeros((0, node_age.size))
+        folds = _fold_events(p, edges, groups, cv_folds) if smooth and rough.size else None
+        for name in list(values):
+            lam = 0.0
+            if folds is not None:
+                fold_exposure, fold_events = folds
+                lam = cv_penalty(averaging, rough, fold_exposure, fold_events[name])
+            smoothing[name] = lam
+            values[name] = solve_nodes(averaging, rough, values[name], group_exposure, lam)
     surv_age, surv, tail_s = _survival(p.durations, survival_step_s, tail_min_alive)
 
     curve = HarnessCurve(
@@ -377,6 +379,7 @@ def fit_curve(
         "survival_tail_start_s": float(surv_age[-1]),
         "mean_duration_s_observed": float(p.durations.mean()),
         "mean_duration_s_curve": curve.mean_duration_s(),
+        **{f"penalty_{name}": lam for name, lam in smoothing.items()},
     }
     return FitResult(
         curve=curve,
