@@ -52,13 +52,14 @@ from starlette.routing import Route
 from evalfleet.errors import KeyRejected, SpendCapExceeded
 from gateway.aliases import Alias, Aliases
 from gateway.keys import ProviderKeyStore, hash_secret
-from gateway.pacing import Demand, Pacer, Permit
+from gateway.pacing import CallEstimate, Pacer, PacerUnavailable, Permit
 from gateway.recorder import CallRecorder, Observation
 from gateway.spend import Reservation, reserve, settle
 from gateway.tokens import count_prompt_tokens, requested_max_tokens
 from ledger.db import session_factory
 from ledger.pauses import is_paused
 from planner.classify import LimitType, classify
+from planner.pacer import CallUsage as PacerUsage
 
 log = logging.getLogger(__name__)
 
@@ -352,7 +353,17 @@ class Gateway:
                 "api_error",
                 f"run {call.reservation.run_id} has no provider key in the gateway's key store",
             )
-        call.permit = await self.pacer.acquire(call.alias.name, self._demand(call))
+        try:
+            call.permit = await self.pacer.acquire(call.alias.name, self._estimate(call))
+        except PacerUnavailable as exc:
+            self._settle_now(call, settled_cost=0)
+            return error_response(
+                call.flavour,
+                503,
+                "overloaded_error" if call.flavour == "anthropic" else "service_unavailable",
+                f"alias {call.alias.name}: pacer unavailable: {exc}",
+                headers={"retry-after": str(self._pause_retry_after_s)},
+            )
         stream = bool(body.get("stream"))
         upstream_body = {**body, "model": call.alias.model}
         if stream and call.flavour == "openai":
@@ -452,18 +463,22 @@ class Gateway:
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _demand(self, call: _Call) -> Demand:
+    def _estimate(self, call: _Call) -> CallEstimate:
+        """The pacer's estimate: the cached part is the instance's previous prompt (agents
+        resend their history), the rest uncached; output ``max_tokens``."""
         key = (call.reservation.run_id, call.instance or "")
-        if call.alias.cached_input_counts or call.instance is None:
-            counted = call.input_estimate
-        else:
-            counted = max(0, call.input_estimate - self._last_input.get(key, 0))
+        cached = 0
         if call.instance is not None:
+            cached = min(call.input_estimate, self._last_input.get(key, 0))
             self._last_input[key] = call.input_estimate
             self._last_input.move_to_end(key)
             while len(self._last_input) > 200_000:
                 self._last_input.popitem(last=False)
-        return Demand(tokens=counted + call.max_tokens, output_tokens=call.max_tokens)
+        return CallEstimate(
+            input_uncached=call.input_estimate - cached,
+            input_cached=cached,
+            max_output=call.max_tokens,
+        )
 
     def _task_age(self, request: Request, run_id: str, instance: str | None) -> float | None:
         now = self._clock()
@@ -547,11 +562,6 @@ class Gateway:
             )
         )
 
-    def _pacer_actual(self, call: _Call) -> tuple[int, int]:
-        u = call.usage
-        counted = u.input_total if call.alias.cached_input_counts else u.uncached
-        return counted + u.output, u.output
-
     def _settle_now(self, call: _Call, settled_cost: int) -> None:
         """Settle pacer and spend for a call, once (in a tracked background task)."""
         self._settle_later(call, settled_cost)
@@ -567,8 +577,13 @@ class Gateway:
     async def _settle(self, call: _Call, cost: int) -> None:
         if call.permit is not None:
             permit, call.permit = call.permit, None
-            tokens, output = self._pacer_actual(call)
-            await self.pacer.settle(permit, tokens, output)
+            u = call.usage
+            usage = (
+                PacerUsage(input_uncached=u.uncached, input_cached=u.input_cached, output=u.output)
+                if u.input_total > 0 or u.output > 0
+                else None
+            )
+            await self.pacer.settle(permit, usage)
         try:
             await asyncio.to_thread(settle, self.sessions, call.reservation, cost)
         except SQLAlchemyError as exc:

@@ -1,9 +1,10 @@
 """The gateway's view of a pacer: acquire a permit on a call's estimate, settle it afterwards.
 
 Two implementations share this interface: ``gateway.pacer_local.InProcessPacer`` (asyncio
-token buckets around the pure ``planner.pacer`` core; the simulator and unit tests) and
-``gateway.pacer_prefect.PrefectPacer`` (the same local pacing, with its budgets read from the
-alias's Prefect global concurrency limits every few seconds — Prefect is the source of truth).
+around the pure ``planner.pacer.PacerCore``: FIFO, big calls admitted alone; the simulator's
+rule, used by unit tests and `--pacer inprocess`) and ``gateway.pacer_prefect.PrefectPacer``
+(the same local pacing, with its budgets read from the alias's Prefect global concurrency
+limits every few seconds — Prefect is the source of truth).
 """
 
 from __future__ import annotations
@@ -11,28 +12,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from planner.pacer import CallEstimate, CallUsage
 
-@dataclass(frozen=True)
-class Demand:
-    """What a call asks of an alias's budgets: estimated counted tokens and output tokens.
+__all__ = ["CallEstimate", "CallUsage", "Pacer", "PacerUnavailable", "Permit"]
 
-    ``tokens`` is the estimate the pacer charges the token budget (uncached input + max_tokens,
-    or all input + max_tokens when cache reads count); ``output_tokens`` is ``max_tokens``.
-    In-flight tokens are ``tokens`` until the call is settled.
-    """
 
-    tokens: int
-    output_tokens: int
+class PacerUnavailable(Exception):
+    """The alias's pacer cannot admit anything (e.g. its Prefect limit is missing)."""
 
 
 @dataclass(frozen=True)
 class Permit:
-    """An admitted call: what it was charged, and how long it waited."""
+    """An admitted call: its id in the alias's core, its estimate and how long it waited."""
 
     alias: str
-    demand: Demand
+    call_id: str
+    estimate: CallEstimate
     waited_s: float
-    handle: object
 
 
 class Pacer(Protocol):
@@ -41,12 +37,11 @@ class Pacer(Protocol):
     async def start(self) -> None:
         """Prepare (create/read limits); called once before the first acquire."""
 
-    async def acquire(self, alias: str, demand: Demand) -> Permit:
-        """Wait until the call fits the alias's budgets (FIFO), then charge it."""
+    async def acquire(self, alias: str, estimate: CallEstimate) -> Permit:
+        """Wait until the call reaches the head of the alias's queue and fits, then charge it."""
 
-    async def settle(self, permit: Permit, tokens: int, output_tokens: int) -> None:
-        """The call finished with these actual counted/output tokens: correct the charge and
-        release its in-flight tokens."""
+    async def settle(self, permit: Permit, usage: CallUsage | None) -> None:
+        """The call finished (``usage``) or failed (None): settle the estimate, free in-flight."""
 
     async def close(self) -> None:
         """Stop background work."""

@@ -56,8 +56,8 @@ class PrefixCache:
             out.append((digest.copy().hexdigest(), tokens))
         return out
 
-    def lookup_and_add(self, body: dict[str, Any]) -> tuple[int, int]:
-        """(total input tokens, cached tokens) of the prompt; remembers its prefixes."""
+    def lookup(self, body: dict[str, Any]) -> tuple[int, int, list[tuple[str, int]]]:
+        """(total input tokens, cached tokens, prefixes) of the prompt; remembers nothing."""
         prefixes = self.prefixes(body)
         total = prefixes[-1][1] if prefixes else tools_tokens(body)
         cached = 0
@@ -65,13 +65,17 @@ class PrefixCache:
             if key in self._seen:
                 cached = tokens
                 break
-        if self._capacity > 0:
-            for key, _ in prefixes:
-                self._seen[key] = None
-                self._seen.move_to_end(key)
-            while len(self._seen) > self._capacity:
-                self._seen.popitem(last=False)
-        return total, cached
+        return total, cached, prefixes
+
+    def add(self, prefixes: list[tuple[str, int]]) -> None:
+        """Remember the prefixes of a served prompt (least recently used dropped first)."""
+        if self._capacity <= 0:
+            return
+        for key, _ in prefixes:
+            self._seen[key] = None
+            self._seen.move_to_end(key)
+        while len(self._seen) > self._capacity:
+            self._seen.popitem(last=False)
 
 
 def output_tokens(profile: SimProfile, body: dict[str, Any], max_tokens: int) -> int:

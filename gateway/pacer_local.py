@@ -1,0 +1,156 @@
+"""The in-process pacer: ``planner.pacer.PacerCore`` per alias, driven by asyncio.
+
+Each alias has one core (pure, clock passed in) and one waker task. ``acquire`` queues the
+call in the core; if it is not admitted at once, the caller awaits a future that the waker
+resolves when ``PacerCore.poll`` admits it — the waker sleeps until ``next_ready_at`` or until
+a release/budget change/new call wakes it. FIFO order, head-of-line fairness and admitting a
+call bigger than a bucket alone all come from the core. A caller cancelled while queued is
+removed from the queue; one cancelled just after admission is released (nothing leaks).
+
+``set_budgets`` applies new budgets live (``PrefectPacer`` uses it after each sync).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.aliases import Alias, Aliases
+from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable, Permit
+from planner.budgets import Budgets, TokenClass
+from planner.pacer import PacerCore
+
+
+def token_class(alias: Alias) -> TokenClass:
+    """OpenAI limits combined tokens (input + output); Anthropic input and output separately."""
+    return "combined" if alias.flavour == "openai" else "input"
+
+
+def seed_budgets(alias: Alias) -> Budgets:
+    seed = alias.pacer
+    return Budgets(
+        calls_per_s=seed.calls_per_s,
+        tokens_per_s=seed.tokens_per_s,
+        output_tokens_per_s=seed.output_tokens_per_s,
+        inflight_tokens=seed.inflight_tokens,
+    )
+
+
+@dataclass
+class _AliasPacer:
+    core: PacerCore
+    waiters: dict[str, asyncio.Future[float]] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    failure: str | None = None
+
+
+class InProcessPacer:
+    """Local FIFO token-bucket pacing per alias (see module docstring)."""
+
+    def __init__(self, aliases: Aliases, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._aliases = {a.name: a for a in aliases}
+        self._pacers: dict[str, _AliasPacer] = {}
+        self._ids = itertools.count()
+        for alias in aliases:
+            self._pacers[alias.name] = _AliasPacer(core=self._core(alias, seed_budgets(alias)))
+
+    def _core(self, alias: Alias, budgets: Budgets) -> PacerCore:
+        return PacerCore(
+            budgets,
+            alias.pacer.burst_s,
+            token_class=token_class(alias),
+            cached_input_counts=alias.cached_input_counts,
+            now=self._clock(),
+        )
+
+    async def start(self) -> None:
+        for pacer in self._pacers.values():
+            if pacer.task is None:
+                pacer.task = asyncio.create_task(self._wake_loop(pacer))
+
+    async def close(self) -> None:
+        tasks = [p.task for p in self._pacers.values() if p.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for pacer in self._pacers.values():
+            pacer.task = None
+
+    def budgets(self, alias: str) -> Budgets:
+        return self._pacer(alias).core.budgets
+
+    def set_budgets(self, alias: str, budgets: Budgets) -> None:
+        pacer = self._pacer(alias)
+        pacer.core.set_budgets(budgets, self._clock())
+        pacer.failure = None
+        pacer.changed.set()
+
+    def fail(self, alias: str, reason: str) -> None:
+        """Stop admitting on ``alias`` (queued callers get ``PacerUnavailable``)."""
+        pacer = self._pacer(alias)
+        pacer.failure = reason
+        for call_id, fut in list(pacer.waiters.items()):
+            if pacer.core.cancel(call_id, self._clock()) and not fut.done():
+                fut.set_exception(PacerUnavailable(reason))
+            pacer.waiters.pop(call_id, None)
+
+    def _pacer(self, alias: str) -> _AliasPacer:
+        try:
+            return self._pacers[alias]
+        except KeyError:
+            raise PacerUnavailable(f"no pacer for alias {alias!r}") from None
+
+    async def acquire(self, alias: str, estimate: CallEstimate) -> Permit:
+        pacer = self._pacer(alias)
+        if pacer.failure is not None:
+            raise PacerUnavailable(pacer.failure)
+        start = self._clock()
+        call_id = str(next(self._ids))
+        admission = pacer.core.request(call_id, estimate, start)
+        self._resolve(pacer, start)
+        if admission.admitted:
+            return Permit(alias=alias, call_id=call_id, estimate=estimate, waited_s=0.0)
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        pacer.waiters[call_id] = future
+        pacer.changed.set()
+        try:
+            admitted_at = await future
+        except asyncio.CancelledError:
+            pacer.waiters.pop(call_id, None)
+            now = self._clock()
+            if not pacer.core.cancel(call_id, now):
+                with contextlib.suppress(KeyError):
+                    pacer.core.release(call_id, None, now)
+                pacer.changed.set()
+            raise
+        return Permit(alias=alias, call_id=call_id, estimate=estimate, waited_s=admitted_at - start)
+
+    async def settle(self, permit: Permit, usage: CallUsage | None) -> None:
+        pacer = self._pacer(permit.alias)
+        now = self._clock()
+        pacer.core.release(permit.call_id, usage, now)
+        self._resolve(pacer, now)
+        pacer.changed.set()
+
+    def _resolve(self, pacer: _AliasPacer, now: float) -> None:
+        for call_id in pacer.core.poll(now):
+            future = pacer.waiters.pop(call_id, None)
+            if future is not None and not future.done():
+                future.set_result(now)
+
+    async def _wake_loop(self, pacer: _AliasPacer) -> None:
+        while True:
+            now = self._clock()
+            self._resolve(pacer, now)
+            ready = pacer.core.next_ready_at(now)
+            pacer.changed.clear()
+            timeout = None if ready is None or math.isinf(ready) else max(0.0, ready - now)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pacer.changed.wait(), timeout)
