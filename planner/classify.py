@@ -276,16 +276,20 @@ _RETRY_IN = re.compile(
 _RETRY_IN_SECONDS = re.compile(r"try again in\s+(\d+(?:\.\d+)?)\s*seconds?", re.IGNORECASE)
 
 
+_MSG_PATTERNS = (
+    (re.compile(r"input[ _]tokens per|\(itpm\)"), LimitType.INPUT_TOKENS),
+    (re.compile(r"output[ _]tokens per|\(otpm\)"), LimitType.OUTPUT_TOKENS),
+    (re.compile(r"tokens per|\(tpm\)|\(tpd\)|request tokens"), LimitType.TOKENS),
+    (re.compile(r"requests per|\(rpm\)|\(rpd\)|number of requests"), LimitType.REQUESTS),
+)
+
+
 def _type_from_message(message: str) -> LimitType | None:
+    """The limit a message names ("... of 400,000 input tokens per minute", "(RPM)")."""
     m = message.lower()
-    if "input tokens" in m or "input_tokens" in m or "(itpm)" in m:
-        return LimitType.INPUT_TOKENS
-    if "output tokens" in m or "output_tokens" in m or "(otpm)" in m:
-        return LimitType.OUTPUT_TOKENS
-    if "tokens per" in m or "(tpm)" in m or "(tpd)" in m or "request tokens" in m:
-        return LimitType.TOKENS
-    if "requests per" in m or "(rpm)" in m or "(rpd)" in m or "number of requests" in m:
-        return LimitType.REQUESTS
+    for pattern, limit_type in _MSG_PATTERNS:
+        if pattern.search(m):
+            return limit_type
     return None
 
 
@@ -400,9 +404,9 @@ def _rate_type(etype: str | None, message: str, hdrs: RateLimitHeaders) -> Limit
     """A 429: OpenAI names the limit in error.type; Anthropic in the message; else headers."""
     if etype == "requests":
         return LimitType.REQUESTS
+    if etype == "tokens":  # OpenAI has one (combined) token limit
+        return LimitType.TOKENS
     named = _type_from_message(message) if message else None
-    if etype == "tokens":
-        return named if named is not None else LimitType.TOKENS
     if named is not None:
         return named
     return _from_remaining(hdrs)
