@@ -248,8 +248,8 @@ def test_stale_config_reseeds_from_the_latest_headers() -> None:
     s, _ = window(s, 3615.0, observed_limits={LimitType.REQUESTS: 600.0})
     assert s.seed_source == "headers" and s.seeded_at == 3615.0
     assert s.budgets.calls_per_s == pytest.approx(10.0)
-    # 6 h later without new headers: stale, re-seeded from the latest headers seen in 6 h?
-    # (they are older than 6 h by then, so it keeps values and reports stale)
+    # more than 6 h later with no new headers: the latest headers are as old as the seed, so
+    # there is nothing fresh to re-seed from; it keeps its values and reports stale
     s, a = window(s, 3615.0 + 6 * 3600 + 15)
     assert a.stale and s.budgets.calls_per_s > 0
 
