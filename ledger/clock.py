@@ -36,3 +36,18 @@ def db_now_plus(conn: Connection, seconds: float) -> ColumnElement[datetime]:
     if conn.dialect.name == "postgresql":
         return func.now() + literal(timedelta(seconds=seconds), Interval())
     return literal(datetime.now(UTC) + timedelta(seconds=seconds), UtcDateTime)
+
+
+def host_now() -> datetime:
+    """The host's UTC clock (SQLite ledgers only: on PostgreSQL use the database's ``now()``)."""
+    return datetime.now(UTC)
+
+
+def sqlite_timestamp(value: datetime) -> str:
+    """``value`` in the text format SQLAlchemy stores SQLite DATETIMEs in (UTC, microseconds),
+    for hand-written SQL whose values must compare correctly with ORM-written ones."""
+    utc = as_utc(value)
+    return (
+        f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d} "
+        f"{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}.{utc.microsecond:06d}"
+    )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -130,8 +131,40 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False)
 
 
+_WRITER_LOCKS: dict[str, threading.Lock] = {}
+_WRITER_LOCKS_GUARD = threading.Lock()
+
+
+def _writer_lock(engine: Engine) -> threading.Lock:
+    key = str(engine.url.database)
+    with _WRITER_LOCKS_GUARD:
+        lock = _WRITER_LOCKS.get(key)
+        if lock is None:
+            lock = _WRITER_LOCKS[key] = threading.Lock()
+        return lock
+
+
 @contextlib.contextmanager
-def transaction(engine: Engine) -> Iterator[Connection]:
-    """One write transaction: commits on success, rolls back on any exception (re-raised)."""
-    with engine.begin() as connection:
-        yield connection
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """One write transaction: commits on success, rolls back on any exception (re-raised).
+
+    On SQLite the threads of one process also queue on a per-file lock before ``BEGIN
+    IMMEDIATE``: SQLite's busy handler polls with growing sleeps, so without it one thread can
+    starve the others (and throughput collapses); other processes still wait via busy_timeout.
+    Do not nest write transactions on one SQLite file in one thread (it would deadlock).
+    """
+    if not is_sqlite(engine):
+        with engine.begin() as connection:
+            yield connection
+        return
+    lock = _writer_lock(engine)
+    if not lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
+        raise TimeoutError(f"waited {SQLITE_BUSY_TIMEOUT_MS} ms for the SQLite writer lock")
+    try:
+        with engine.begin() as connection:
+            yield connection
+    finally:
+        lock.release()
+
+
+transaction = write_transaction

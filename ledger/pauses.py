@@ -13,6 +13,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 
 from evalfleet.errors import ConfigError, NotFound
 from ledger.clock import db_now
+from ledger.db import write_transaction
 from ledger.models import AuditLog, PauseFlag, Run
 
 PAUSABLE_POOLS = ("harness", "eval", "gateway")
@@ -49,7 +50,7 @@ def set_pause(
     engine: Engine, scope: str, target: str, paused: bool, *, actor: str, reason: str
 ) -> PauseChange:
     """Pause (``paused=True``) or resume a pool or a run, with an audit-log row, atomically."""
-    with engine.begin() as conn:
+    with write_transaction(engine) as conn:
         _validate(conn, scope, target, actor, reason)
         row = conn.execute(
             select(PauseFlag.paused)

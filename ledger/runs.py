@@ -18,6 +18,7 @@ from evalfleet.errors import ConfigError, NotFound
 from evalfleet.settings import get_settings
 from evalfleet.states import InstanceState, RunState, check_run_transition
 from ledger.clock import db_now
+from ledger.db import write_transaction
 from ledger.models import InstanceResult, Job, Run
 
 POOLS = ("harness", "eval")
@@ -68,7 +69,7 @@ def create_run(
     problems = _problems(new, max_attempts)
     if problems:
         raise ConfigError(f"run {new.run_id}", problems)
-    with engine.begin() as conn:
+    with write_transaction(engine) as conn:
         conn.execute(
             insert(Run).values(
                 id=new.run_id,
@@ -158,7 +159,7 @@ def set_run_state(engine: Engine, run_id: str, target: RunState) -> RunState:
     The row is locked while checked (FOR UPDATE on PostgreSQL; SQLite's write lock is taken at
     BEGIN IMMEDIATE), so two racing writers cannot both win.
     """
-    with engine.begin() as conn:
+    with write_transaction(engine) as conn:
         current = conn.execute(
             select(Run.state).where(Run.id == run_id).with_for_update()
         ).scalar_one_or_none()

@@ -49,3 +49,30 @@ def jobs(engine: Engine, run_id: str) -> dict[str, tuple[str | None, int]]:
             select(Job.instance_id, Job.lease_token, Job.receive_count).where(Job.run_id == run_id)
         ).all()
     return {i: (t, c) for i, t, c in rows}
+
+
+def claim_until_empty(url: str, k: int, start_at: float) -> list[tuple[int, str, str]]:
+    """A worker: its own engine, claim ``k`` at a time until the queue is empty.
+
+    Returns (job id, instance id, token) of every lease it got. Used in threads and processes.
+    """
+    import time as _time
+
+    from ledger import queue
+    from ledger.db import make_engine
+
+    engine = make_engine(url, pool_size=2)
+    got: list[tuple[int, str, str]] = []
+    try:
+        _time.sleep(max(0.0, start_at - _time.time()))
+        empty_in_a_row = 0
+        while empty_in_a_row < 2:
+            leases = queue.claim(engine, "harness", k)
+            if not leases:
+                empty_in_a_row += 1
+                continue
+            empty_in_a_row = 0
+            got.extend((lease.job_id, lease.instance_id, lease.token) for lease in leases)
+    finally:
+        engine.dispose()
+    return got

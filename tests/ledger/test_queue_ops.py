@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from evalfleet.errors import ConfigError, IllegalTransition, NotFound, StaleLease
 from evalfleet.states import InstanceState, RunState
-from ledger import queue
+from ledger import queue, reaper
 from ledger.models import AuditLog, InstanceResult
 from ledger.pauses import set_pause
 from ledger.runs import instance_state_counts, set_run_state
@@ -76,7 +76,7 @@ def test_land_with_a_stale_lease_is_refused(ledger_engine: Engine) -> None:
     (old,) = queue.claim(ledger_engine, "harness", 1, visibility_timeout_s=0.05)
     queue.mark_running(ledger_engine, old, visibility_timeout_s=0.05)
     time.sleep(0.15)
-    report = queue.expire(ledger_engine)
+    report = reaper.expire(ledger_engine)
     assert report.requeued == ((run_id, old.instance_id),) and report.lost == ()
     (new,) = queue.claim(ledger_engine, "harness", 1)
     assert new.token != old.token and new.attempt == 2
@@ -84,7 +84,7 @@ def test_land_with_a_stale_lease_is_refused(ledger_engine: Engine) -> None:
         lambda: queue.land(ledger_engine, old, RESOLVED),
         lambda: queue.heartbeat(ledger_engine, old),
         lambda: queue.mark_running(ledger_engine, old),
-        lambda: queue.requeue(ledger_engine, old, "late"),
+        lambda: reaper.requeue(ledger_engine, old, "late"),
     ):
         with pytest.raises(StaleLease):
             step()
@@ -113,7 +113,7 @@ def test_heartbeat_keeps_the_lease_alive(ledger_engine: Engine) -> None:
         time.sleep(0.15)
         deadline = queue.heartbeat(ledger_engine, lease, visibility_timeout_s=0.3)
         assert deadline > lease.visible_until
-        assert queue.expire(ledger_engine).requeued == ()
+        assert reaper.expire(ledger_engine).requeued == ()
     assert states(ledger_engine, run_id) == {lease.instance_id: "booting"}
 
 
@@ -122,9 +122,9 @@ def test_expired_leases_come_back_and_end_lost_past_max_attempts(ledger_engine: 
     for attempt in (1, 2):
         leases = queue.claim(ledger_engine, "harness", 5, visibility_timeout_s=0.05)
         assert [lease.attempt for lease in leases] == [attempt, attempt]
-        assert queue.expire(ledger_engine).requeued == ()  # not expired yet
+        assert reaper.expire(ledger_engine).requeued == ()  # not expired yet
         time.sleep(0.15)
-        report = queue.expire(ledger_engine)
+        report = reaper.expire(ledger_engine)
         if attempt == 1:
             assert sorted(report.requeued) == [(run_id, i) for i in instances]
             assert states(ledger_engine, run_id) == {i: "queued" for i in instances}
@@ -142,7 +142,7 @@ def test_requeue_counts_attempts_then_lost(ledger_engine: Engine) -> None:
         (lease,) = queue.claim(ledger_engine, "harness", 1)
         assert lease.attempt == attempt
         queue.mark_running(ledger_engine, lease)
-        result = queue.requeue(ledger_engine, lease, "provider 429 storm")
+        result = reaper.requeue(ledger_engine, lease, "provider 429 storm")
         assert result == (InstanceState.QUEUED if attempt < 3 else InstanceState.LOST)
     assert states(ledger_engine, run_id) == {instance: "lost"}
     assert jobs(ledger_engine, run_id) == {}
@@ -151,7 +151,7 @@ def test_requeue_counts_attempts_then_lost(ledger_engine: Engine) -> None:
 def test_requeue_delay_hides_the_job(ledger_engine: Engine) -> None:
     make_run(ledger_engine, 1)
     (lease,) = queue.claim(ledger_engine, "harness", 1)
-    queue.requeue(ledger_engine, lease, "retry later", delay_s=0.3)
+    reaper.requeue(ledger_engine, lease, "retry later", delay_s=0.3)
     assert queue.claim(ledger_engine, "harness", 1) == []
     time.sleep(0.4)
     assert len(queue.claim(ledger_engine, "harness", 1)) == 1
