@@ -228,10 +228,13 @@ def header_budgets(
             out[bc] = v / 60.0
 
     take(LimitType.REQUESTS, BudgetClass.REQUESTS)
-    take(
-        LimitType.TOKENS if token_class == "combined" else LimitType.INPUT_TOKENS,
-        BudgetClass.TOKENS,
-    )
+    if token_class == "combined":
+        take(LimitType.TOKENS, BudgetClass.TOKENS)
+    else:
+        take(LimitType.INPUT_TOKENS, BudgetClass.TOKENS)
+        if BudgetClass.TOKENS not in out:
+            # OpenAI-style headers state one token limit; it bounds counted input too
+            take(LimitType.TOKENS, BudgetClass.TOKENS)
     if has_output_budget:
         take(LimitType.OUTPUT_TOKENS, BudgetClass.OUTPUT_TOKENS)
     return out

@@ -74,6 +74,12 @@ def test_combined_alias_reads_the_combined_token_header() -> None:
     assert s.budgets.tokens_per_s == pytest.approx(10_000.0)
 
 
+def test_input_alias_falls_back_to_the_single_token_header() -> None:
+    s = fresh(0.0, observed_limits={LimitType.TOKENS: 600_000.0})  # OpenAI-style headers
+    assert s.budgets.tokens_per_s == pytest.approx(10_000.0)
+    assert s.hard_caps[BudgetClass.TOKENS] == pytest.approx(10_000.0)
+
+
 def test_clean_windows_grow_5_percent_up_to_1_5x_seed() -> None:
     s = fresh()
     s, a = window(s, 15.0)
