@@ -7,6 +7,7 @@ the variable (see ``load_settings``); nothing else in the project reads the envi
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -258,3 +259,31 @@ def load_settings(**overrides: object) -> Settings:
 def get_settings() -> Settings:
     """The process-wide settings, read once."""
     return load_settings()
+
+
+def export_settings(**values: str) -> Settings:
+    """Set ``EVALFLEET_<NAME>`` variables for this process and its children, then re-read.
+
+    Used by commands that start the embedded stack (``evalfleet demo``): the values must be
+    valid (they are checked before anything is changed) and become what ``get_settings``
+    returns from now on.
+    """
+    env = {f"EVALFLEET_{name.upper()}": value for name, value in values.items()}
+    previous = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        load_settings()
+    except SettingsError:
+        for key, old in previous.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+        raise
+    get_settings.cache_clear()
+    return get_settings()
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    """This process's environment plus ``extra``: for servers and workers it starts."""
+    return {**os.environ, **extra}
