@@ -1,0 +1,160 @@
+"""Fixtures of the gateway tests: a migrated PostgreSQL ledger, the simulated provider and the
+gateway served on loopback with real uvicorn, and a run with freshly minted keys."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from pydantic import SecretStr
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+
+from gateway.aliases import Aliases, load_aliases
+from gateway.app import Gateway
+from gateway.keys import MemoryKeyStore, ProviderAdminKeyMinter, RunKeys, mint_run_keys
+from gateway.pacer_local import InProcessPacer
+from gateway.provider_sim.profile import DEFAULT_PROFILE, profile_from
+from gateway.provider_sim.server import ProviderSim
+from gateway.serving import ServerThread
+from ledger.db import make_engine, session_factory
+from ledger.migrate import upgrade
+from ledger.models import Run
+
+ADMIN_KEY = SecretStr("sim-admin-" + uuid.uuid4().hex)
+
+
+def _admin(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def gw_ledger_url(pg_database: str) -> Iterator[str]:
+    name = f"{make_url(pg_database).database}_gw_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(pg_database).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    yield url
+    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def gw_engine(gw_ledger_url: str) -> Iterator[Engine]:
+    engine = make_engine(gw_ledger_url)
+    yield engine
+    engine.dispose()
+
+
+def sim_profile(**overrides: Any) -> Any:
+    data = {**DEFAULT_PROFILE, "output_fraction_min": 0.5, "output_fraction_max": 1.0}
+    data.update(overrides)
+    return profile_from(data)
+
+
+def fast_aliases(sim_url: str, **pacer: float) -> Aliases:
+    """The embedded aliases, with pacer budgets high enough not to interfere (unless given)."""
+    base = load_aliases(None, provider_sim_url=sim_url)
+    seed = {
+        "calls_per_s": 10_000.0,
+        "tokens_per_s": 1e9,
+        "inflight_tokens": 1e10,
+        "burst_s": 1.0,
+        **pacer,
+    }
+    out = []
+    for alias in base:
+        values = {**alias.pacer.model_dump(), **seed}
+        if alias.pacer.output_tokens_per_s is not None:
+            values.setdefault("output_tokens_per_s", 1e9)
+            values["output_tokens_per_s"] = pacer.get("output_tokens_per_s", 1e9)
+        out.append(alias.model_copy(update={"pacer": type(alias.pacer)(**values)}))
+    return Aliases(out)
+
+
+@dataclass
+class Stack:
+    """A provider sim and a gateway served on loopback, sharing one ledger."""
+
+    sim: ProviderSim
+    sim_url: str
+    gateway: Gateway
+    url: str
+    engine: Engine
+    minter: ProviderAdminKeyMinter
+    store: MemoryKeyStore
+
+    def new_run(self, spend_cap_micro_usd: int = 10_000_000, alias: str = "sim-openai") -> RunKeys:
+        run_id = str(uuid.uuid4())
+        sessions = session_factory(self.engine)
+        with sessions.begin() as session:
+            session.add(
+                Run(
+                    id=run_id,
+                    name="gw-test",
+                    harness="sim",
+                    alias=alias,
+                    state="running",
+                    spend_cap_micro_usd=spend_cap_micro_usd,
+                    max_attempts=3,
+                    config={},
+                )
+            )
+        return mint_run_keys(
+            sessions,
+            run_id=run_id,
+            spend_cap_micro_usd=spend_cap_micro_usd,
+            minter=self.minter,
+            store=self.store,
+            now=datetime.now(UTC),
+            ttl_s=3600,
+        )
+
+
+@pytest.fixture
+def make_stack(gw_engine: Engine) -> Iterator[Callable[..., Stack]]:
+    """Start a provider sim + gateway (in-process pacer unless given) for the test."""
+    exits: list[Callable[[], None]] = []
+
+    def start(
+        profile: Any = None,
+        aliases: Callable[[str], Aliases] | None = None,
+        max_retry_wait_s: float = 0.0,
+        pacer: Callable[[Aliases], Any] | None = None,
+    ) -> Stack:
+        sim = ProviderSim(profile or sim_profile(), ADMIN_KEY)
+        sim_server = ServerThread(sim.app)
+        sim_url = sim_server.__enter__()
+        exits.append(lambda: sim_server.__exit__(None, None, None))
+        resolved = (aliases or fast_aliases)(sim_url)
+        store = MemoryKeyStore()
+        gateway = Gateway(
+            aliases=resolved,
+            engine=gw_engine,
+            store=store,
+            pacer=(pacer or InProcessPacer)(resolved),
+            max_retry_wait_s=max_retry_wait_s,
+            pause_refresh_s=0.2,
+        )
+        gw_server = ServerThread(gateway.app)
+        url = gw_server.__enter__()
+        exits.append(lambda: gw_server.__exit__(None, None, None))
+        return Stack(
+            sim=sim,
+            sim_url=sim_url,
+            gateway=gateway,
+            url=url,
+            engine=gw_engine,
+            minter=ProviderAdminKeyMinter(sim_url, ADMIN_KEY),
+            store=store,
+        )
+
+    yield start
+    for stop in reversed(exits):
+        stop()
