@@ -191,7 +191,7 @@ class Caps(_Strict):
 
 
 class Timeouts(_Strict):
-    """Wall-clock limits; an instance past ``instance_s`` is stopped and counted an error."""
+    """Wall-clock limits: ``instance_s`` bounds one instance attempt, in seconds."""
 
     instance_s: float = Field(default=3600.0, gt=0, le=MAX_INSTANCE_S)
 
