@@ -19,6 +19,7 @@ import fnmatch
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Self
 
@@ -52,6 +53,7 @@ MAX_JSON_INT = 2**53
 MAX_FILE_PROBLEMS = 20
 HASH_SCHEMA = "evalfleet.runconfig/1"
 
+_WHITESPACE = re.compile(r"\s")
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
 
@@ -92,26 +94,18 @@ def _instance_id_problem(value: str) -> str | None:
         return "instance id must not be empty"
     if len(value) > MAX_INSTANCE_ID_CHARS:
         return f"instance id must be at most {MAX_INSTANCE_ID_CHARS} characters (got {len(value)})"
-    for char in value:
-        if char.isspace():
-            return f"instance id {_short(value)} must not contain whitespace"
-        if not char.isprintable():
-            return f"instance id {_short(value)} must not contain control characters (U+{ord(char):04X})"
+    if _WHITESPACE.search(value):
+        return f"instance id {_short(value)} must not contain whitespace"
+    if not value.isprintable():
+        char = next(c for c in value if not c.isprintable())
+        return (
+            f"instance id {_short(value)} must not contain control characters (U+{ord(char):04X})"
+        )
     return None
-
-
-def _check_instance_id(value: str) -> str:
-    problem = _instance_id_problem(value)
-    if problem is not None:
-        raise PydanticCustomError("instance_id", "{problem}", {"problem": problem})
-    return value
 
 
 Name = Annotated[str, AfterValidator(_check_name)]
 """1-64 of A-Z a-z 0-9 . _ - ; not '.' or '..' (used for run, harness, evaluator and alias)."""
-
-InstanceId = Annotated[str, AfterValidator(_check_instance_id)]
-"""Non-empty, at most 256 printable characters, no whitespace."""
 
 
 class _Strict(BaseModel):
@@ -296,7 +290,7 @@ class RunConfig(_Strict):
     harness: AdapterRef
     evaluator: AdapterRef | None = None
     alias: Name
-    instances: tuple[InstanceId, ...]
+    instances: tuple[str, ...]  # checked (ids, uniqueness, count) by _resolve_instances
     caps: Caps
     timeouts: Timeouts = Field(default_factory=Timeouts)
     max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS)
