@@ -99,7 +99,9 @@ def _instance_id_problem(value: str) -> str | None:
     if not value.isprintable():
         char = next(c for c in value if not c.isprintable())
         return (
-            f"instance id {_short(value)} must not contain control characters (U+{ord(char):04X})"
+            # The value is not echoed: a line of control characters may be a file that is not
+            # an id list at all (e.g. a process environment), and messages must not leak it.
+            f"instance id must not contain control characters (U+{ord(char):04X})"
         )
     return None
 
@@ -229,9 +231,17 @@ class InstancesFile(_Strict):
             )
         return self
 
-    def read(self, base_dir: Path | None) -> tuple[str, ...]:
-        """The selected ids; raises ValueError with a message naming the file and line."""
+    def read(self, base_dir: Path | None, *, confine: bool = False) -> tuple[str, ...]:
+        """The selected ids; raises ValueError with a message naming the file and line.
+
+        With ``confine`` (configs from an untrusted source, e.g. an S3 upload) the file must
+        lie inside ``base_dir``: no absolute path, no ``..`` or symlink escaping it.
+        """
         path = Path(self.file)
+        if path.is_absolute() and confine:
+            raise ValueError(
+                f"{_short(self.file)}: must be a path relative to the config file's folder"
+            )
         if not path.is_absolute():
             if base_dir is None:
                 raise ValueError(
@@ -239,6 +249,8 @@ class InstancesFile(_Strict):
                     "(load the config with RunConfig.from_file or from_mapping)"
                 )
             path = base_dir / path
+            if confine and not path.resolve().is_relative_to(base_dir.resolve()):
+                raise ValueError(f"{_short(self.file)}: must stay inside the config file's folder")
         try:
             raw = read_bounded(path, max_bytes=MAX_INSTANCES_FILE_BYTES, what="instances file")
             text = decode_text(raw, str(path))
@@ -247,7 +259,7 @@ class InstancesFile(_Strict):
         ids: list[str] = []
         first_line: dict[str, int] = {}
         problems: list[str] = []
-        for number, line in enumerate(text.splitlines(), start=1):
+        for number, line in enumerate(text.split("\n"), start=1):
             item = line.strip()
             if not item or item.startswith("#"):
                 continue
@@ -302,9 +314,13 @@ class RunConfig(_Strict):
         ids: tuple[Any, ...]
         if isinstance(value, dict):
             spec = InstancesFile.model_validate(value, strict=True)
-            base_dir = (info.context or {}).get("base_dir")
+            context = info.context or {}
+            base_dir = context.get("base_dir")
             try:
-                ids = spec.read(Path(base_dir) if base_dir is not None else None)
+                ids = spec.read(
+                    Path(base_dir) if base_dir is not None else None,
+                    confine=bool(context.get("confine", False)),
+                )
             except ValueError as exc:
                 raise ValidationError.from_exception_data(
                     "instances", [_error("instances_file", str(exc), ("file",), spec.file)]
@@ -356,19 +372,28 @@ class RunConfig(_Strict):
 
     @classmethod
     def from_mapping(
-        cls, data: Any, base_dir: str | Path | None, *, source: str = "config"
+        cls,
+        data: Any,
+        base_dir: str | Path | None,
+        *,
+        source: str = "config",
+        confine: bool = False,
     ) -> Self:
-        """Validate a parsed document; an instances file is resolved relative to ``base_dir``."""
+        """Validate a parsed document; an instances file is resolved relative to ``base_dir``.
+
+        ``confine=True`` (for configs from an untrusted source) keeps an instances file inside
+        ``base_dir``.
+        """
         if not isinstance(data, dict):
             raise ConfigError(source, ["top level must be a mapping of keys to values"])
-        return validate(cls, data, source, context={"base_dir": base_dir})
+        return validate(cls, data, source, context={"base_dir": base_dir, "confine": confine})
 
     @classmethod
-    def from_file(cls, path: str | Path) -> Self:
+    def from_file(cls, path: str | Path, *, confine: bool = False) -> Self:
         """Load and validate a YAML or JSON run config file (instances files relative to it)."""
         path = Path(path)
         data = load_document(path)
-        return cls.from_mapping(data, path.resolve().parent, source=str(path))
+        return cls.from_mapping(data, path.resolve().parent, source=str(path), confine=confine)
 
     # ---------------------------------------------------------------------------------------
     # Resolved form

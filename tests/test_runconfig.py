@@ -82,8 +82,8 @@ BAD_FILES: dict[str, str] = {
     "(first at instances[0])",
     "whitespace_instance_id.yaml": "instances[1]: instance id 'django django-11099' must not "
     "contain whitespace",
-    "control_instance_id.yaml": "instances[1]: instance id 'django__django\\x07-11099' must not "
-    "contain control characters (U+0007)",
+    "control_instance_id.yaml": "instances[1]: instance id must not contain control characters "
+    "(U+0007)",
     "long_instance_id.yaml": "instances[1]: instance id must be at most 256 characters (got 300)",
     "no_instances.yaml": "instances: must list 1 to 100,000 instance ids (got 0)",
     # names
@@ -265,6 +265,41 @@ def test_instances_file_bad_lines_are_reported_with_line_numbers(tmp_path: Path)
     assert "line 2: instance id 'has space' must not contain whitespace" in problem
     assert "line 4: duplicate instance id 'a__1' (first on line 1)" in problem
     assert "line 5: instance id must be at most 256 characters (got 300)" in problem
+
+
+def test_confined_instances_file_stays_in_the_config_folder(tmp_path: Path) -> None:
+    config_dir = tmp_path / "upload"
+    config_dir.mkdir()
+    (config_dir / "ids.txt").write_text("a__1\n")
+    (tmp_path / "outside.txt").write_text("b__2\n")
+    (config_dir / "link.txt").symlink_to(tmp_path / "outside.txt")
+    data = yaml.safe_load((GOOD / "minimal.yaml").read_text())
+    data["instances"] = {"file": "ids.txt"}
+    assert RunConfig.from_mapping(data, config_dir, confine=True).instances == ("a__1",)
+    for file, message in [
+        ("../outside.txt", "must stay inside the config file's folder"),
+        ("link.txt", "must stay inside the config file's folder"),
+        (str(tmp_path / "outside.txt"), "must be a path relative to the config file's folder"),
+    ]:
+        data["instances"] = {"file": file}
+        # Unconfined (a local user's own file): allowed.
+        assert RunConfig.from_mapping(data, config_dir).instances == ("b__2",)
+        with pytest.raises(ConfigError) as info:
+            RunConfig.from_mapping(data, config_dir, confine=True)
+        (problem,) = info.value.problems
+        assert problem.startswith("instances.file: ") and problem.endswith(message)
+
+
+def test_lines_with_control_characters_are_not_echoed(tmp_path: Path) -> None:
+    # e.g. a config pointing at a process environment: NUL-separated secrets on one "line".
+    (tmp_path / "environ").write_bytes(b"HOME=/root\x00API_KEY=sk-very-secret\x00\n")
+    data = yaml.safe_load((GOOD / "minimal.yaml").read_text())
+    data["instances"] = {"file": "environ"}
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_mapping(data, tmp_path)
+    (problem,) = info.value.problems
+    assert "line 1: instance id must not contain control characters (U+0000)" in problem
+    assert "sk-very-secret" not in problem
 
 
 def test_instance_count_bounds(tmp_path: Path) -> None:
