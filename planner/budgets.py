@@ -20,14 +20,18 @@ Rules, in the order ``step`` applies them:
 4. A 429 → launch freeze (``cooldown_until = now + max(cooldown_s, retry-after)``, the
    retry-after bounded by ``max_freeze_s``) and a cut of only the budget of the limit hit
    (requests→REQUESTS; tokens and input_tokens→TOKENS; output_tokens→OUTPUT_TOKENS, or TOKENS
-   for a combined alias with no output budget; unknown→every budget). A class is cut at most once
+   for a combined alias with no output budget; unknown→every budget), by ``cut``, and at least
+   down to the seed when it was above it (``cut_to_seed``: with per-minute provider buckets a
+   small overshoot shows up only minutes later, so the room found above the seed was not
+   there). A class is cut at most once
    per ``cooldown_s`` (429s of calls sent before the cut do not cut again). The level that drew
    the 429 is remembered for ``memory_s``.
 5. ``rebase_cuts`` cuts below the seed within ``rebase_period_s`` re-base that class's seed to
    the cut level (the provider's limit dropped): growth is then bounded by 1.5x the new seed and
    by ``(1 - probe_margin)`` x the last level that drew a 429, so it is not re-probed every few
    windows.
-6. A clean window (no 429 of that class, no freeze or backoff overlapping the window) grows a
+6. A clean window (no 429 of that class, no freeze or backoff overlapping the window, and,
+   when the observation reports it, the budget used at least ``grow_min_utilisation``) grows a
    budget by ``growth`` up to min(max_over_seed x seed, hard cap, recent 429 level x (1 -
    probe_margin)).
 
@@ -133,6 +137,8 @@ class ControllerConfig:
     overload_backoff_s: float = 30.0  # back-off after 529/503 [0, 3600]
     stale_after_s: float = 6 * 3600.0  # seed age after which it is stale [60, 30 days]
     min_fraction: float = 0.01  # floor of any budget, as a share of its seed (0, 1]
+    grow_min_utilisation: float = 0.8  # growth needs this share of the budget used [0, 1]
+    cut_to_seed: bool = True  # a 429 above the seed cuts to the seed at least
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -149,6 +155,7 @@ class ControllerConfig:
         _bounded("overload_backoff_s", self.overload_backoff_s, 0.0, 3600.0, p)
         _bounded("stale_after_s", self.stale_after_s, 60.0, 30 * 86400.0, p)
         _bounded("min_fraction", self.min_fraction, 1e-6, 1.0, p)
+        _bounded("grow_min_utilisation", self.grow_min_utilisation, 0.0, 1.0, p)
         if p:
             raise ConfigError("controller config", p)
 
@@ -191,6 +198,10 @@ class WindowObservation:
 
     ``observed_limits``: the latest rate-limit header limits per class, PER MINUTE as the
     headers state them (``Classification.limits``), or None when no header was seen.
+    ``utilisation``: the share of each budget the pacer admitted over the window
+    (``PacerCore.take_usage(now).utilisation``); when given, only budgets used at least
+    ``grow_min_utilisation`` grow (a budget nobody presses against proves nothing). None: every
+    clean budget grows.
     """
 
     now: float
@@ -198,6 +209,7 @@ class WindowObservation:
     overloads: int = 0
     spend_errors: int = 0
     observed_limits: Mapping[LimitType, float] | None = None
+    utilisation: Mapping[BudgetClass, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -444,6 +456,11 @@ def step(
         for cls in state.budgets.classes():
             if cls in hit:
                 continue
+            if (
+                obs.utilisation is not None
+                and obs.utilisation.get(cls, 0.0) < config.grow_min_utilisation
+            ):
+                continue
             new_value = _grown(state, cls, now, config)
             if new_value is not None:
                 state = replace(state, budgets=state.budgets.with_value(cls, new_value))
@@ -469,7 +486,10 @@ def _cut(
     level = state.budgets.get(cls)
     seed_value = state.seed.get(cls)
     assert level is not None and seed_value is not None
-    new_value = max(level * config.cut, seed_value * config.min_fraction)
+    new_value = level * config.cut
+    if config.cut_to_seed and level > seed_value:
+        new_value = min(new_value, seed_value)  # the room above the seed was not there
+    new_value = max(new_value, seed_value * config.min_fraction)
     cuts = tuple(t for t in state.cuts_below_seed.get(cls, ()) if now - t <= config.rebase_period_s)
     seed = state.seed
     rebased = False

@@ -30,9 +30,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from planner.budgets import Budgets, TokenClass
+from planner.budgets import BudgetClass, Budgets, TokenClass
 
-__all__ = ["Admission", "CallEstimate", "CallUsage", "PacerCore"]
+__all__ = ["Admission", "CallEstimate", "CallUsage", "PacerCore", "PacerUsage"]
 
 _EPS = 1e-9
 
@@ -65,6 +65,20 @@ class Admission:
 
     admitted: bool
     wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PacerUsage:
+    """What the pacer admitted over a window: net charges (admission minus settlement refunds)
+    per class, the peak in-flight tokens, and the budgets' share used (``utilisation``)."""
+
+    start: float
+    end: float
+    calls: float
+    tokens: float
+    output_tokens: float
+    peak_inflight: float
+    utilisation: dict[BudgetClass, float]
 
 
 class _Bucket:
@@ -128,6 +142,11 @@ class PacerCore:
         self._queued_ids: set[str] = set()
         self._admitted: dict[str, tuple[CallEstimate, _Charge]] = {}
         self._unreported: list[str] = []
+        self._usage_start = now
+        self._used_calls = 0.0
+        self._used_tokens = 0.0
+        self._used_output = 0.0
+        self._peak_inflight = 0.0
 
     # -- introspection ------------------------------------------------------------------------
     @property
@@ -190,6 +209,10 @@ class PacerCore:
             self._output.level -= charge.output
         self._inflight += charge.inflight
         self._admitted[call_id] = (est, charge)
+        self._used_calls += 1.0
+        self._used_tokens += charge.counted
+        self._used_output += charge.output
+        self._peak_inflight = max(self._peak_inflight, self._inflight)
 
     def _drain(self) -> list[str]:
         out: list[str] = []
@@ -251,15 +274,19 @@ class PacerCore:
         self._inflight -= charge.inflight
         if actual is None:
             self._tokens.credit(charge.counted)
+            self._used_tokens -= charge.counted
             if self._output is not None:
                 self._output.credit(charge.output)
+            self._used_output -= charge.output
             return
         counted = actual.input_uncached + (actual.input_cached if self.cached_input_counts else 0)
         if self.token_class == "combined":
             counted += actual.output
         self._settle(self._tokens, charge.counted - counted)
+        self._used_tokens -= charge.counted - counted
         if self._output is not None:
             self._settle(self._output, est.max_output - actual.output)
+        self._used_output -= est.max_output - actual.output
 
     @staticmethod
     def _settle(bucket: _Bucket, refund: float) -> None:
@@ -267,6 +294,39 @@ class PacerCore:
             bucket.credit(refund)
         else:
             bucket.level += refund  # the call used more than estimated: charge the rest
+
+    def take_usage(self, now: float) -> PacerUsage:
+        """What was admitted since the last ``take_usage`` (or creation), and restart the count.
+
+        ``utilisation`` per budget class: the net admitted rate over the window divided by the
+        budget in force now (in-flight: the peak over the window divided by its budget). The
+        budget controller grows only budgets that were used (``WindowObservation.utilisation``).
+        """
+        self._advance(now)
+        span = max(now - self._usage_start, 1e-9)
+        b = self._budgets
+        util = {
+            BudgetClass.REQUESTS: self._used_calls / span / b.calls_per_s,
+            BudgetClass.TOKENS: max(0.0, self._used_tokens) / span / b.tokens_per_s,
+            BudgetClass.INFLIGHT: self._peak_inflight / b.inflight_tokens,
+        }
+        if b.output_tokens_per_s is not None:
+            util[BudgetClass.OUTPUT_TOKENS] = (
+                max(0.0, self._used_output) / span / b.output_tokens_per_s
+            )
+        usage = PacerUsage(
+            start=self._usage_start,
+            end=now,
+            calls=self._used_calls,
+            tokens=self._used_tokens,
+            output_tokens=self._used_output,
+            peak_inflight=self._peak_inflight,
+            utilisation=util,
+        )
+        self._usage_start = now
+        self._used_calls = self._used_tokens = self._used_output = 0.0
+        self._peak_inflight = float(self._inflight)
+        return usage
 
     def cancel(self, call_id: str, now: float) -> bool:
         """Drop a queued call (client gone). Returns False if it was not queued."""

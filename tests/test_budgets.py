@@ -295,3 +295,25 @@ def test_bad_values_are_clear_errors() -> None:
     with pytest.raises(ConfigError, match="tokens_per_s"):
         Budgets(calls_per_s=1, tokens_per_s=float("nan"), output_tokens_per_s=None,
                 inflight_tokens=1)  # fmt: skip
+
+
+def test_only_budgets_that_were_used_grow() -> None:
+    util = {BudgetClass.REQUESTS: 0.95, BudgetClass.TOKENS: 0.3, BudgetClass.INFLIGHT: 0.1}
+    s, a = window(fresh(), 15.0, utilisation=util)
+    assert a.grown == (BudgetClass.REQUESTS,)
+    assert s.budgets.tokens_per_s == SEED.tokens_per_s  # not pressed against: proves nothing
+
+
+def test_a_429_above_the_seed_cuts_back_to_the_seed() -> None:
+    s = fresh()
+    for i in range(1, 10):
+        s, _ = window(s, 15.0 * i)
+    assert s.budgets.tokens_per_s > SEED.tokens_per_s / CFG.cut  # well above the seed
+    s, _ = window(s, 150.0, LimitType.TOKENS)
+    assert s.budgets.tokens_per_s == SEED.tokens_per_s
+    plain = ControllerConfig(cut_to_seed=False)
+    s2 = fresh()
+    for i in range(1, 10):
+        s2, _ = step(s2, WindowObservation(now=15.0 * i), plain)
+    s2, _ = step(s2, WindowObservation(now=150.0, throttles=((LimitType.TOKENS, None),)), plain)
+    assert s2.budgets.tokens_per_s > SEED.tokens_per_s

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from planner.budgets import Budgets
+from planner.budgets import BudgetClass, Budgets
 from planner.pacer import CallEstimate, CallUsage, PacerCore
 
 
@@ -229,3 +229,22 @@ def test_cancel_and_duplicates() -> None:
 def test_bad_burst_is_rejected() -> None:
     with pytest.raises(ValueError, match="burst_s"):
         PacerCore(budgets(), burst_s=0.0)
+
+
+def test_take_usage_reports_net_use_per_budget_and_restarts() -> None:
+    pacer = PacerCore(budgets(calls=10.0, tokens=1000.0, output=1000.0, inflight=10_000.0), 1.0)
+    est = CallEstimate(input_uncached=100, input_cached=400, max_output=200)
+    for i in range(5):
+        assert pacer.request(f"c{i}", est, 0.0).admitted
+    for i in range(5):
+        pacer.release(f"c{i}", CallUsage(100, 400, 50), 1.0)
+    u = pacer.take_usage(2.0)
+    assert u.calls == 5 and u.tokens == 500 and u.output_tokens == 250
+    assert u.peak_inflight == 3500
+    assert u.utilisation[BudgetClass.REQUESTS] == pytest.approx(5 / 2 / 10)
+    assert u.utilisation[BudgetClass.TOKENS] == pytest.approx(500 / 2 / 1000)
+    assert u.utilisation[BudgetClass.OUTPUT_TOKENS] == pytest.approx(250 / 2 / 1000)
+    assert u.utilisation[BudgetClass.INFLIGHT] == pytest.approx(0.35)
+    again = pacer.take_usage(3.0)
+    assert again.calls == 0 and again.utilisation[BudgetClass.REQUESTS] == 0.0
+    assert again.peak_inflight == 0
