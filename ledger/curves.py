@@ -1,0 +1,434 @@
+"""Harness usage curves in the ledger: the refit's input (``llm_calls``) and its output
+(versioned ``harness_curves`` rows), and what the planner loop reads at every tick.
+
+Loading (``load_fit_window``): the successful calls (status 200) of one harness whose instances
+ran *entirely* inside a time window, as the ``planner.fit.fit_curve`` tables:
+
+- calls: ``instance_id`` (``run_id/instance_id``), ``t_request_s`` = ``llm_calls.task_age_s``
+  (the gateway's task age at request), and the token columns;
+- instances: ``instance_id`` and ``wall_time_s`` = ``instance_results.finished_at`` minus the
+  task's start, where the start is ``requested_at - task_age_s`` of its calls (the latest
+  attempt's: calls of earlier attempts of a requeued instance are left out).
+
+Only instances that ended naturally (``resolved``, ``unresolved``, ``error``) count: a running
+instance's duration is not known yet, and ``aborted``/``lost`` ones did not end on their own;
+both would bias survival. Instances that started before ``since`` or ended after ``until`` are
+left out for the same reason (their calls at some ages would be missing). ``FitWindow.dropped``
+says how many of each were left out. A call without ``task_age_s`` gets ``requested_at`` minus
+its instance's ``started_at`` (the claim time: boot included, so a slight over-estimate).
+
+Writing (``write_curve``): a new version per harness (1, 2, ...; the unique (harness, version)
+constraint settles a race, the loser retries), with the sample count and fit quality.
+Reading: ``latest_curve`` (newest version, else the shipped default as version 0),
+``list_versions``, and ``CurveCache`` for the planner loop: one ``max(version)`` query per tick,
+the params parsed again only when a newer version has landed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import Engine, and_, func, insert, or_, select
+from sqlalchemy.exc import IntegrityError
+
+from evalfleet.errors import ConfigError, NotFound
+from ledger.clock import as_utc
+from ledger.db import readonly, write_transaction
+from ledger.models import HarnessCurve as HarnessCurveRow
+from ledger.models import InstanceResult, LlmCall, Run
+from planner.curves import HarnessCurve, default_curve
+from planner.fit import CALL_COLUMNS
+
+#: Instance states whose ``finished_at`` is a natural end of the task.
+NATURAL_ENDS = ("resolved", "unresolved", "error")
+#: Calls whose implied task start is this much earlier than the latest one belong to an
+#: earlier attempt (clock jitter between requested_at and task_age_s stays far below it).
+ATTEMPT_GAP_S = 5.0
+MAX_HARNESS_LEN = 64
+MAX_SOURCE_LEN = 256
+_WRITE_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class FitWindow:
+    """What ``load_fit_window`` found: the fit tables and what was left out, and why."""
+
+    harness: str
+    since: datetime | None
+    until: datetime | None
+    calls: pd.DataFrame
+    instances: pd.DataFrame
+    dropped: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def call_count(self) -> int:
+        return int(self.calls.shape[0])
+
+    @property
+    def instance_count(self) -> int:
+        return int(self.instances.shape[0])
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able summary (what the CLI prints and the curve row stores as its window)."""
+        return {
+            "harness": self.harness,
+            "since": self.since.isoformat() if self.since else None,
+            "until": self.until.isoformat() if self.until else None,
+            "calls": self.call_count,
+            "instances": self.instance_count,
+            "dropped": dict(self.dropped),
+        }
+
+
+@dataclass(frozen=True)
+class StoredCurve:
+    """A curve and where it came from: ``version`` 0 is the shipped default (not in the ledger)."""
+
+    harness: str
+    version: int
+    curve: HarnessCurve
+    sample_count: int
+    fit_quality: Mapping[str, Any]
+    source: str
+    created_at: datetime | None
+
+
+@dataclass(frozen=True)
+class CurveVersion:
+    """One row of ``list_versions`` (without the parameters)."""
+
+    harness: str
+    version: int
+    sample_count: int
+    source: str
+    created_at: datetime
+    fit_quality: Mapping[str, Any]
+
+
+def _check_harness(harness: str) -> None:
+    if not harness or len(harness) > MAX_HARNESS_LEN or not harness.isprintable():
+        raise ConfigError(
+            "--harness", [f"must be 1-{MAX_HARNESS_LEN} printable characters, got {harness!r}"]
+        )
+
+
+def _check_window(since: datetime | None, until: datetime | None) -> None:
+    problems = []
+    for name, value in (("since", since), ("until", until)):
+        if value is not None and value.tzinfo is None:
+            problems.append(f"{name}: must be timezone-aware")
+    if not problems and since is not None and until is not None and since >= until:
+        problems.append(f"since ({since.isoformat()}) must be before until ({until.isoformat()})")
+    if problems:
+        raise ConfigError("time window", problems)
+
+
+def load_fit_window(
+    engine: Engine,
+    harness: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> FitWindow:
+    """The ``fit_curve`` tables of ``harness`` for instances that ran inside [since, until).
+
+    See the module docstring for which calls and instances count. ``since``/``until`` must be
+    timezone-aware (None: unbounded). Never raises for an empty window: the tables are empty.
+    """
+    _check_harness(harness)
+    _check_window(since, until)
+    harness_match = or_(
+        LlmCall.harness == harness, and_(LlmCall.harness.is_(None), Run.harness == harness)
+    )
+    query = (
+        select(
+            LlmCall.run_id,
+            LlmCall.instance_id,
+            LlmCall.requested_at,
+            LlmCall.task_age_s,
+            LlmCall.input_tokens,
+            LlmCall.cached_input_tokens,
+            LlmCall.output_tokens,
+            InstanceResult.state,
+            InstanceResult.started_at,
+            InstanceResult.finished_at,
+        )
+        .join(Run, Run.id == LlmCall.run_id)
+        .join(
+            InstanceResult,
+            and_(
+                InstanceResult.run_id == LlmCall.run_id,
+                InstanceResult.instance_id == LlmCall.instance_id,
+            ),
+        )
+        .where(harness_match, LlmCall.status == 200)
+    )
+    if since is not None:
+        query = query.where(LlmCall.requested_at >= since)
+    if until is not None:
+        query = query.where(LlmCall.requested_at < until)
+    with readonly(engine).connect() as conn:
+        rows = conn.execute(query).all()
+    return _window_from_rows(harness, since, until, rows)
+
+
+def _seconds(values: pd.Series) -> np.ndarray:
+    """Aware-UTC datetimes (or None) as float seconds since the epoch (NaN for None)."""
+    out = np.full(len(values), np.nan)
+    for i, v in enumerate(values):
+        if v is not None and not (isinstance(v, float) and np.isnan(v)):
+            out[i] = as_utc(v).timestamp()
+    return out
+
+
+def _window_from_rows(
+    harness: str, since: datetime | None, until: datetime | None, rows: Sequence[Any]
+) -> FitWindow:
+    columns = [
+        "run_id",
+        "instance",
+        "requested_at",
+        "task_age_s",
+        "input_tokens",
+        "cached_input_tokens",
+        "output_tokens",
+        "state",
+        "started_at",
+        "finished_at",
+    ]
+    df = pd.DataFrame([tuple(r) for r in rows], columns=columns)
+    dropped = {
+        "calls_of_unfinished_instances": 0,
+        "calls_of_aborted_or_lost_instances": 0,
+        "calls_of_earlier_attempts": 0,
+        "instances_outside_window": 0,
+    }
+    empty = FitWindow(
+        harness=harness,
+        since=since,
+        until=until,
+        calls=pd.DataFrame(columns=list(CALL_COLUMNS)),
+        instances=pd.DataFrame(columns=["instance_id", "wall_time_s"]),
+        dropped=dropped,
+    )
+    if df.empty:
+        return empty
+    natural = df["state"].isin(NATURAL_ENDS) & df["finished_at"].notna()
+    unfinished = df["finished_at"].isna() | ~df["state"].isin((*NATURAL_ENDS, "aborted", "lost"))
+    dropped["calls_of_unfinished_instances"] = int(unfinished.sum())
+    dropped["calls_of_aborted_or_lost_instances"] = int((~natural & ~unfinished).sum())
+    df = df[natural].copy()
+    if df.empty:
+        return FitWindow(harness, since, until, empty.calls, empty.instances, dropped)
+
+    df["instance_id"] = df["run_id"].astype(str) + "/" + df["instance"].astype(str)
+    requested = _seconds(df["requested_at"])
+    started = _seconds(df["started_at"])
+    age = pd.to_numeric(df["task_age_s"], errors="coerce").to_numpy(dtype=np.float64)
+    age = np.where(np.isfinite(age), age, requested - started)
+    df["age"] = np.maximum(age, 0.0)
+    df["origin"] = requested - df["age"].to_numpy()
+    latest = df.groupby("instance_id")["origin"].transform("max")
+    current = df["origin"] >= latest - ATTEMPT_GAP_S
+    dropped["calls_of_earlier_attempts"] = int((~current).sum())
+    df = df[current]
+
+    finished = _seconds(df["finished_at"])
+    df = df.assign(end=finished)
+    per_instance = df.groupby("instance_id").agg(
+        origin=("origin", "min"), end=("end", "max"), last_age=("age", "max")
+    )
+    inside = np.ones(per_instance.shape[0], dtype=bool)
+    if since is not None:
+        inside &= per_instance["origin"].to_numpy() >= since.timestamp() - ATTEMPT_GAP_S
+    if until is not None:
+        inside &= per_instance["end"].to_numpy() <= until.timestamp()
+    dropped["instances_outside_window"] = int((~inside).sum())
+    per_instance = per_instance[inside]
+    df = df[df["instance_id"].isin(per_instance.index)]
+    wall = np.maximum(
+        per_instance["end"].to_numpy() - per_instance["origin"].to_numpy(),
+        per_instance["last_age"].to_numpy(),
+    )
+    instances = pd.DataFrame({"instance_id": per_instance.index.to_numpy(), "wall_time_s": wall})
+    calls = pd.DataFrame(
+        {
+            "instance_id": df["instance_id"].to_numpy(),
+            "t_request_s": df["age"].to_numpy(dtype=np.float64),
+            "input_tokens": df["input_tokens"].to_numpy(dtype=np.int64),
+            "cached_input_tokens": df["cached_input_tokens"].to_numpy(dtype=np.int64),
+            "output_tokens": df["output_tokens"].to_numpy(dtype=np.int64),
+        }
+    ).sort_values(["instance_id", "t_request_s"], kind="stable", ignore_index=True)
+    return FitWindow(harness, since, until, calls, instances.reset_index(drop=True), dropped)
+
+
+def write_curve(
+    engine: Engine,
+    curve: HarnessCurve,
+    *,
+    sample_count: int,
+    fit_quality: Mapping[str, Any],
+    source: str,
+) -> int:
+    """Store ``curve`` as the next version of its harness; returns the version number.
+
+    ``fit_quality`` must be JSON-able (figures of the fit and its check); ``source`` says where
+    the calls came from (e.g. ``ledger window 2026-...``). Concurrent writers get distinct
+    versions (the unique constraint refuses a duplicate; the loser retries).
+    """
+    _check_harness(curve.harness)
+    problems = []
+    if sample_count < 0:
+        problems.append(f"sample_count: must be >= 0, got {sample_count}")
+    if not source or len(source) > MAX_SOURCE_LEN:
+        problems.append(f"source: must be 1-{MAX_SOURCE_LEN} characters")
+    if problems:
+        raise ConfigError("harness curve", problems)
+    params = curve.to_params()
+    for attempt in range(_WRITE_ATTEMPTS):
+        try:
+            with write_transaction(engine) as conn:
+                current = conn.execute(
+                    select(func.max(HarnessCurveRow.version)).where(
+                        HarnessCurveRow.harness == curve.harness
+                    )
+                ).scalar_one()
+                version = int(current or 0) + 1
+                conn.execute(
+                    insert(HarnessCurveRow).values(
+                        harness=curve.harness,
+                        version=version,
+                        params=params,
+                        sample_count=sample_count,
+                        fit_quality=dict(fit_quality),
+                        source=source,
+                    )
+                )
+            return version
+        except IntegrityError:
+            if attempt == _WRITE_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _stored(row: HarnessCurveRow) -> StoredCurve:
+    curve = HarnessCurve.from_params(
+        row.params, source=f"harness_curves {row.harness!r} version {row.version}"
+    )
+    return StoredCurve(
+        harness=row.harness,
+        version=row.version,
+        curve=curve,
+        sample_count=row.sample_count,
+        fit_quality=dict(row.fit_quality),
+        source=row.source,
+        created_at=as_utc(row.created_at),
+    )
+
+
+def _shipped(harness: str) -> StoredCurve:
+    curve = default_curve(harness)
+    return StoredCurve(
+        harness=harness,
+        version=0,
+        curve=curve,
+        sample_count=int(curve.fit_summary().get("train_calls", 0)),
+        fit_quality=dict(curve.fit_summary()),
+        source="shipped default (planner/default_curves)",
+        created_at=None,
+    )
+
+
+def read_version(engine: Engine, harness: str, version: int) -> StoredCurve:
+    """One stored version (0: the shipped default); NotFound if there is no such version."""
+    _check_harness(harness)
+    if version == 0:
+        return _shipped(harness)
+    with readonly(engine).connect() as conn:
+        row = conn.execute(
+            select(HarnessCurveRow).where(
+                HarnessCurveRow.harness == harness, HarnessCurveRow.version == version
+            )
+        ).one_or_none()
+    if row is None:
+        raise NotFound(f"harness {harness!r} has no curve version {version}")
+    return _stored(row[0])
+
+
+def latest_version(engine: Engine, harness: str) -> int:
+    """The newest stored version number of ``harness`` (0 when none is stored)."""
+    _check_harness(harness)
+    with readonly(engine).connect() as conn:
+        value = conn.execute(
+            select(func.max(HarnessCurveRow.version)).where(HarnessCurveRow.harness == harness)
+        ).scalar_one()
+    return int(value or 0)
+
+
+def latest_curve(engine: Engine, harness: str) -> StoredCurve:
+    """The curve the planner should use for ``harness`` now: its newest stored version, else
+    the shipped default (version 0). NotFound when neither exists."""
+    version = latest_version(engine, harness)
+    if version == 0:
+        return _shipped(harness)
+    return read_version(engine, harness, version)
+
+
+def list_versions(engine: Engine, harness: str | None = None) -> list[CurveVersion]:
+    """Stored versions (all harnesses, or one), by harness then version."""
+    if harness is not None:
+        _check_harness(harness)
+    query = select(
+        HarnessCurveRow.harness,
+        HarnessCurveRow.version,
+        HarnessCurveRow.sample_count,
+        HarnessCurveRow.source,
+        HarnessCurveRow.created_at,
+        HarnessCurveRow.fit_quality,
+    ).order_by(HarnessCurveRow.harness, HarnessCurveRow.version)
+    if harness is not None:
+        query = query.where(HarnessCurveRow.harness == harness)
+    with readonly(engine).connect() as conn:
+        rows = conn.execute(query).all()
+    return [
+        CurveVersion(
+            harness=h,
+            version=v,
+            sample_count=n,
+            source=s,
+            created_at=as_utc(c),
+            fit_quality=dict(q),
+        )
+        for h, v, n, s, c, q in rows
+    ]
+
+
+class CurveCache:
+    """Per-harness latest curve for a loop: call ``get`` every tick.
+
+    Each ``get`` runs one ``max(version)`` query; the stored parameters are read and parsed
+    again only when that number changed, so a version written between two ticks is in use at
+    the next one. Thread-safe.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._curves: dict[str, StoredCurve] = {}
+        self._lock = threading.Lock()
+
+    def get(self, harness: str) -> StoredCurve:
+        version = latest_version(self._engine, harness)
+        with self._lock:
+            cached = self._curves.get(harness)
+        if cached is not None and cached.version == version:
+            return cached
+        stored = _shipped(harness) if version == 0 else read_version(self._engine, harness, version)
+        with self._lock:
+            self._curves[harness] = stored
+        return stored
