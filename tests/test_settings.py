@@ -182,3 +182,25 @@ def test_get_settings_is_read_once() -> None:
         assert get_settings() is get_settings()
     finally:
         get_settings.cache_clear()
+
+
+def test_export_settings_validates_before_changing_anything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from evalfleet.settings import export_settings
+
+    # Registered with monkeypatch so that teardown restores the environment.
+    monkeypatch.setenv("EVALFLEET_PLANNER_TICK_S", "15")
+    monkeypatch.setenv("EVALFLEET_STATIC_CAP", "64")
+    try:
+        with pytest.raises(SettingsError) as info:
+            export_settings(planner_tick_s="20", static_cap="0")
+        assert "EVALFLEET_STATIC_CAP" in str(info.value)
+        assert os.environ["EVALFLEET_PLANNER_TICK_S"] == "15"  # rolled back
+        assert os.environ["EVALFLEET_STATIC_CAP"] == "64"
+        settings = export_settings(planner_tick_s="20")
+        assert settings.planner_tick_s == 20.0
+        assert get_settings() is settings
+        assert os.environ["EVALFLEET_PLANNER_TICK_S"] == "20"
+    finally:
+        get_settings.cache_clear()
