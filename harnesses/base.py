@@ -43,6 +43,9 @@ class HarnessContext:
     gateway_url: str
     gateway_key: SecretStr
     attempt: int = 1
+    harness: str = ""
+    started_at: float | None = None
+    """Epoch seconds the task started (the gateway's task age); None: the gateway decides."""
     http_client: httpx.Client | None = None
     """Transport seam: tests pass a client bound to an in-process ASGI app."""
 

@@ -31,16 +31,18 @@ class CallUsage:
 
 def make_client(ctx: HarnessContext, timeout_s: float) -> openai.OpenAI:
     """An OpenAI client on the gateway's ``/v1`` with the run's gateway key."""
+    headers = {"x-evalfleet-run": ctx.run_id, "x-evalfleet-instance": ctx.instance_id}
+    if ctx.harness:
+        headers["x-evalfleet-harness"] = ctx.harness
+    if ctx.started_at is not None:
+        headers["x-evalfleet-task-started-at"] = f"{ctx.started_at:.3f}"
     return openai.OpenAI(
         base_url=ctx.gateway_url.rstrip("/") + "/v1",
         api_key=ctx.gateway_key.get_secret_value(),
         max_retries=0,
         timeout=timeout_s,
         http_client=cast(Any, ctx.http_client),  # the SDK accepts httpx and httpx2 clients
-        default_headers={
-            "x-evalfleet-run": ctx.run_id,
-            "x-evalfleet-instance": ctx.instance_id,
-        },
+        default_headers=headers,
     )
 
 

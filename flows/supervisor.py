@@ -1,0 +1,46 @@
+"""Flow ``supervisor``: the long-running supervisor loop (one active run; restarted on crash).
+
+Every ``supervisor_tick_s`` (30 s): reap expired leases, move finished runs to ``closed``
+(revoking their keys), revoke keys left on closed/aborted/failed runs, write one capacity
+snapshot per pool and scale the eval pool to its queue. ``max_ticks`` bounds the loop (tests).
+"""
+
+from __future__ import annotations
+
+import time
+
+from prefect import flow, task
+
+from evalfleet.settings import get_settings
+from tasks import supervise
+
+reap = task(name="reap")(supervise.reap)
+complete_runs = task(name="complete-runs")(supervise.complete_runs)
+recover_keys = task(name="recover-keys")(supervise.recover_keys)
+snapshot = task(name="capacity-snapshot")(supervise.snapshot_capacity)
+scale_eval = task(name="scale-eval-pool")(supervise.scale_eval_pool)
+
+
+def supervise_once(scale_eval_pool: bool) -> None:
+    """One supervisor tick."""
+    settings = get_settings()
+    reap()
+    complete_runs()
+    recover_keys()
+    counts = supervise.pool_counts()
+    limit = scale_eval(counts["eval"]["queued"]) if scale_eval_pool else 0
+    snapshot({"harness": settings.static_cap, "eval": limit})
+
+
+@flow(name="supervisor", persist_result=False)
+def supervisor_loop(max_ticks: int | None = None, scale_eval_pool: bool = True) -> int:
+    """Tick until stopped (or ``max_ticks``); returns the number of ticks made."""
+    settings = get_settings()
+    ticks = 0
+    next_at = time.monotonic()
+    while max_ticks is None or ticks < max_ticks:
+        supervise_once(scale_eval_pool)
+        ticks += 1
+        next_at += settings.supervisor_tick_s
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    return ticks

@@ -1,0 +1,127 @@
+"""Launch tasks: read and validate a run config, write the run, enqueue it, or fail it cleanly.
+
+The launch unit (sequenced by ``flows.launch``): validate → ``runs`` row (``launching``) and
+pending instance rows → mint both keys → enqueue one job per instance and go ``running``. The
+run row comes first because the key rows reference it. A failure after the row exists revokes
+whatever keys were minted and marks the run ``failed`` with the reason; nothing is left live.
+
+Idempotency: a launch carries an idempotency key (given, or the S3 object's bucket/key/version,
+or the config's content hash). A second launch with the same key returns the first run's id;
+two racing launches are settled by the unique index on ``runs.idempotency_key``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from evalfleet.documents import parse_document
+from evalfleet.errors import ConfigError
+from evalfleet.runconfig import RunConfig
+from evalfleet.states import RunState
+from harnesses import make_evaluator, make_harness
+from ledger.models import Run
+from ledger.runs import NewRun, create_run, enqueue, set_run_state
+from tasks.ledger_io import engine
+
+MAX_REASON_CHARS = 2_000
+
+
+def read_config(
+    config: dict[str, Any] | None, config_uri: str | None
+) -> tuple[RunConfig, str | None, str | None]:
+    """(validated config, source, source idempotency key) from inline data or a URI."""
+    if (config is None) == (config_uri is None):
+        raise ConfigError("launch", ["give exactly one of `config` and `config_uri`"])
+    if config is not None:
+        cfg = RunConfig.from_mapping(config, None, source="config")
+        source, source_key = None, None
+    else:
+        assert config_uri is not None
+        cfg, source_key = _read_uri(config_uri)
+        source = config_uri
+    # adapter options are checked now, before anything is written
+    make_harness(cfg.harness.name, cfg.harness.options)
+    if cfg.evaluator is not None:
+        make_evaluator(cfg.evaluator.name, cfg.evaluator.options)
+    return cfg, source, source_key
+
+
+def _read_uri(uri: str) -> tuple[RunConfig, str | None]:
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return RunConfig.from_file(Path(parsed.path if parsed.scheme else uri)), None
+    if parsed.scheme != "s3" or not parsed.netloc or not parsed.path.strip("/"):
+        raise ConfigError("config_uri", [f"must be a file path or s3://bucket/key, got {uri!r}"])
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = parsed.netloc, parsed.path.lstrip("/")
+    try:
+        obj = boto3.client("s3").get_object(Bucket=bucket, Key=key)
+        body = obj["Body"].read(1_048_577)
+    except (BotoCoreError, ClientError) as exc:
+        raise ConfigError(uri, [f"cannot read the object: {type(exc).__name__}"]) from None
+    if len(body) > 1_048_576:
+        raise ConfigError(uri, ["the config is larger than 1 MiB"])
+    fmt = "json" if key.endswith(".json") else "yaml"
+    data = parse_document(body.decode("utf-8", errors="replace"), uri, fmt)
+    version = obj.get("VersionId") or obj.get("ETag", "").strip('"')
+    return RunConfig.from_mapping(data, None, source=uri), f"s3://{bucket}/{key}#{version}"
+
+
+def existing_run(idempotency_key: str) -> str | None:
+    """The id of the run already launched with this idempotency key, if any."""
+    with engine().connect() as conn:
+        return conn.execute(
+            select(Run.id).where(Run.idempotency_key == idempotency_key)
+        ).scalar_one_or_none()
+
+
+def write_run(cfg: RunConfig, source: str | None, idempotency_key: str) -> tuple[str, bool]:
+    """Write the run (``launching``) and its pending rows; (run id, created now?)."""
+    run_id = str(uuid.uuid4())
+    new = NewRun(
+        run_id=run_id,
+        name=cfg.name,
+        harness=cfg.harness.name,
+        alias=cfg.alias,
+        instance_ids=cfg.instances,
+        spend_cap_micro_usd=cfg.caps.spend_micro_usd,
+        max_attempts=cfg.max_attempts,
+        state=RunState.LAUNCHING,
+        task_cap=cfg.caps.tasks,
+        priority=cfg.priority,
+        config=cfg.to_json_dict(),
+        config_source=source,
+        idempotency_key=idempotency_key,
+    )
+    try:
+        create_run(engine(), new, enqueue_now=False)
+    except IntegrityError:
+        winner = existing_run(idempotency_key)
+        if winner is None:
+            raise
+        return winner, False
+    return run_id, True
+
+
+def enqueue_run(run_id: str, instance_ids: tuple[str, ...]) -> None:
+    """Enqueue one job per instance, then ``launching → running``."""
+    with engine().begin() as conn:
+        enqueue(conn, run_id, instance_ids)
+    set_run_state(engine(), run_id, RunState.RUNNING)
+
+
+def fail_run(run_id: str, reason: str) -> None:
+    """Mark a run ``failed`` with the reason (the caller has revoked its keys)."""
+    set_run_state(engine(), run_id, RunState.FAILED)
+    with engine().begin() as conn:
+        conn.execute(
+            update(Run).where(Run.id == run_id).values(failure_reason=reason[:MAX_REASON_CHARS])
+        )

@@ -1,0 +1,30 @@
+"""The process's ledger engine and session factory, made once from the settings.
+
+Flows and tasks never build engines themselves: one pool per process, migrated on first use
+so that a fresh embedded ledger works without a separate `evalfleet db upgrade`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from evalfleet.settings import get_settings
+from ledger.db import make_engine, session_factory
+from ledger.migrate import upgrade
+
+
+@functools.cache
+def engine() -> Engine:
+    """The ledger engine of this process (schema upgraded to head on first use)."""
+    url = get_settings().ledger_url
+    upgrade(url)
+    return make_engine(url)
+
+
+@functools.cache
+def sessions() -> sessionmaker[Session]:
+    """A session factory on ``engine()``."""
+    return session_factory(engine())

@@ -1,0 +1,214 @@
+"""Supervisor tasks: reaper, run completion, key recovery, capacity snapshots, eval scaler.
+
+Each is one side effect and idempotent, so a supervisor that crashes and restarts mid-tick
+repeats nothing harmful:
+
+* ``reap``: expired leases go back to the queue (or ``lost`` past ``max_attempts``) through
+  ``ledger.reaper.expire``; a still-running Prefect flow run of a reaped attempt is cancelled.
+* ``complete_runs``: a running run with nothing left queued goes ``draining``; a draining run
+  whose instances are all terminal goes ``closed`` and its keys are revoked.
+* ``recover_keys``: keys still active on closed, aborted or failed runs are revoked.
+* ``snapshot_capacity``: one ``capacity_snapshots`` row per pool.
+* ``scale_eval_pool``: the eval pool's Prefect concurrency follows its queue depth.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select
+
+from evalfleet.errors import IllegalTransition
+from evalfleet.settings import get_settings
+from evalfleet.states import INSTANCE_TERMINAL, RunState
+from gateway.keys import KIND_GATEWAY, KIND_PROVIDER, STATE_ACTIVE
+from ledger.models import ApiKey, CapacitySnapshot, InstanceResult, Job, PauseFlag, Run
+from ledger.reaper import expire
+from ledger.runs import set_run_state
+from planner.eval_scaler import eval_pool_target
+from tasks.keys import revoke_keys
+from tasks.ledger_io import engine
+
+log = logging.getLogger(__name__)
+_TERMINAL = tuple(s.value for s in INSTANCE_TERMINAL)
+_CLOSED = (RunState.CLOSED.value, RunState.ABORTED.value, RunState.FAILED.value)
+POOLS = ("harness", "eval")
+
+
+def reap() -> tuple[int, int]:
+    """Expire stale leases; cancel their flow runs. Returns (requeued, lost)."""
+    report = expire(engine())
+    pairs = [*report.requeued, *report.lost]
+    if pairs:
+        _cancel_flow_runs(pairs)
+    return len(report.requeued), len(report.lost)
+
+
+def _cancel_flow_runs(pairs: list[tuple[str, str]]) -> None:
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+    from prefect.states import Cancelling
+
+    with engine().connect() as conn:
+        ids = [
+            fid
+            for run_id, instance_id in pairs
+            if (
+                fid := conn.execute(
+                    select(InstanceResult.flow_run_id).where(
+                        InstanceResult.run_id == run_id, InstanceResult.instance_id == instance_id
+                    )
+                ).scalar_one_or_none()
+            )
+        ]
+    with get_client(sync_client=True) as client:
+        for fid in ids:
+            try:
+                flow_run = client.read_flow_run(uuid.UUID(fid))
+                if flow_run.state is not None and not flow_run.state.is_final():
+                    client.set_flow_run_state(
+                        uuid.UUID(fid), Cancelling(message="lease expired: reaped")
+                    )
+            except (ObjectNotFound, PrefectHTTPStatusError) as exc:
+                log.warning("could not cancel flow run %s of a reaped job: %s", fid, exc)
+
+
+def complete_runs() -> list[str]:
+    """Move finished runs along (running → draining → closed); returns the runs closed now."""
+    closed: list[str] = []
+    with engine().connect() as conn:
+        runs = conn.execute(
+            select(Run.id, Run.state).where(
+                Run.state.in_((RunState.RUNNING.value, RunState.DRAINING.value))
+            )
+        ).all()
+        jobs_left = {
+            r: int(n)
+            for r, n in conn.execute(select(Job.run_id, func.count()).group_by(Job.run_id)).all()
+        }
+        open_instances = {
+            r: int(n)
+            for r, n in conn.execute(
+                select(InstanceResult.run_id, func.count())
+                .where(InstanceResult.state.not_in(_TERMINAL))
+                .group_by(InstanceResult.run_id)
+            ).all()
+        }
+    for run_id, state in runs:
+        queued = _queued(run_id)
+        try:
+            if state == RunState.RUNNING.value and queued == 0:
+                set_run_state(engine(), run_id, RunState.DRAINING)
+                state = RunState.DRAINING.value
+            if (
+                state == RunState.DRAINING.value
+                and not jobs_left.get(run_id)
+                and not open_instances.get(run_id)
+            ):
+                set_run_state(engine(), run_id, RunState.CLOSED)
+                revoke_keys(run_id)
+                closed.append(run_id)
+        except IllegalTransition as exc:  # an operator moved it meanwhile: next tick decides
+            log.info("run %s changed state meanwhile: %s", run_id, exc)
+    return closed
+
+
+def _queued(run_id: str) -> int:
+    with engine().connect() as conn:
+        return int(
+            conn.execute(
+                select(func.count()).where(Job.run_id == run_id, Job.lease_token.is_(None))
+            ).scalar_one()
+        )
+
+
+def recover_keys() -> list[str]:
+    """Revoke keys still active on closed/aborted/failed runs; returns those runs."""
+    with engine().connect() as conn:
+        runs = list(
+            conn.execute(
+                select(ApiKey.run_id)
+                .join(Run, Run.id == ApiKey.run_id)
+                .where(
+                    ApiKey.state == STATE_ACTIVE,
+                    ApiKey.kind.in_((KIND_GATEWAY, KIND_PROVIDER)),
+                    Run.state.in_(_CLOSED),
+                )
+                .distinct()
+            ).scalars()
+        )
+    for run_id in runs:
+        if run_id is not None:
+            revoke_keys(run_id)
+    return [r for r in runs if r is not None]
+
+
+def pool_counts() -> dict[str, dict[str, Any]]:
+    """Per pool: running, booting, queued and paused (ledger flags)."""
+    out: dict[str, dict[str, Any]] = {}
+    with engine().connect() as conn:
+        states = dict(
+            (s, int(n))
+            for s, n in conn.execute(
+                select(InstanceResult.state, func.count()).group_by(InstanceResult.state)
+            ).all()
+        )
+        queued = {
+            p: int(n)
+            for p, n in conn.execute(
+                select(Job.pool, func.count()).where(Job.lease_token.is_(None)).group_by(Job.pool)
+            ).all()
+        }
+        paused = set(
+            conn.execute(
+                select(PauseFlag.target).where(
+                    PauseFlag.scope == "pool", PauseFlag.paused.is_(True)
+                )
+            ).scalars()
+        )
+    out["harness"] = {
+        "running": states.get("running", 0),
+        "booting": states.get("booting", 0),
+        "queued": queued.get("harness", 0),
+        "paused": "harness" in paused,
+    }
+    out["eval"] = {
+        "running": states.get("evaluating", 0),
+        "booting": 0,
+        "queued": queued.get("eval", 0),
+        "paused": "eval" in paused,
+    }
+    return out
+
+
+def snapshot_capacity(ceilings: dict[str, int]) -> None:
+    """Write one capacity snapshot row per pool."""
+    now = datetime.now(UTC)
+    counts = pool_counts()
+    with engine().begin() as conn:
+        conn.execute(
+            insert(CapacitySnapshot),
+            [
+                {"pool": pool, "taken_at": now, "ceiling": ceilings.get(pool, 0), **counts[pool]}
+                for pool in POOLS
+            ],
+        )
+
+
+def scale_eval_pool(queued: int) -> int:
+    """Set the eval work pool's concurrency limit from its queue depth; returns the limit."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolUpdate
+
+    s = get_settings()
+    target = eval_pool_target(
+        queued, s.eval_per_slot, s.eval_concurrency_min, s.eval_concurrency_max
+    )
+    with get_client(sync_client=True) as client:
+        pool = client.read_work_pool(s.eval_pool)
+        if pool.concurrency_limit != target:
+            client.update_work_pool(s.eval_pool, WorkPoolUpdate(concurrency_limit=target))
+    return target
