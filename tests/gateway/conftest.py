@@ -158,3 +158,13 @@ def make_stack(gw_engine: Engine) -> Iterator[Callable[..., Stack]]:
     yield start
     for stop in reversed(exits):
         stop()
+
+
+@pytest.fixture
+def prefect_api(prefect_api_url: str) -> Iterator[str]:
+    """The session's Prefect server, made current for this test (Prefect reads its settings
+    once at import, before the session fixture set PREFECT_API_URL)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api_url}):
+        yield prefect_api_url

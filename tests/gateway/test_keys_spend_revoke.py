@@ -92,9 +92,19 @@ def test_revoke_refuses_both_keys_at_gateway_and_provider(make_stack):
     provider_secret = asyncio.run(stack.store.aget(keys.run_id)).get_secret_value()
     gw_headers = {"authorization": f"Bearer {keys.gateway_key.get_secret_value()}"}
     body = {"model": "sim-openai", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
-    assert httpx.post(stack.url + "/v1/chat/completions", headers=gw_headers, json=body, timeout=5).status_code == 200
+    assert (
+        httpx.post(
+            stack.url + "/v1/chat/completions", headers=gw_headers, json=body, timeout=5
+        ).status_code
+        == 200
+    )
     direct = {"authorization": f"Bearer {provider_secret}"}
-    assert httpx.post(stack.sim_url + "/v1/chat/completions", headers=direct, json=body, timeout=5).status_code == 200
+    assert (
+        httpx.post(
+            stack.sim_url + "/v1/chat/completions", headers=direct, json=body, timeout=5
+        ).status_code
+        == 200
+    )
 
     revoked = revoke_run_keys(
         session_factory(stack.engine),
@@ -110,14 +120,27 @@ def test_revoke_refuses_both_keys_at_gateway_and_provider(make_stack):
         p = httpx.post(stack.sim_url + "/v1/chat/completions", headers=direct, json=body, timeout=5)
         if (g.status_code, p.status_code) == (401, 401):
             break
-        assert time.monotonic() < deadline, f"still accepted after 2 s: {g.status_code}, {p.status_code}"
+        assert time.monotonic() < deadline, (
+            f"still accepted after 2 s: {g.status_code}, {p.status_code}"
+        )
         time.sleep(0.05)
     assert "revoked" in g.json()["error"]["message"]
     with stack.engine.connect() as conn:
-        states = conn.execute(select(ApiKey.kind, ApiKey.state).where(ApiKey.run_id == keys.run_id)).all()
+        states = conn.execute(
+            select(ApiKey.kind, ApiKey.state).where(ApiKey.run_id == keys.run_id)
+        ).all()
     assert sorted(states) == [("gateway", "revoked"), ("provider", "revoked")]
     # Idempotent.
-    assert revoke_run_keys(session_factory(stack.engine), keys.run_id, minter=stack.minter, store=stack.store, now=datetime.now(UTC)) == []
+    assert (
+        revoke_run_keys(
+            session_factory(stack.engine),
+            keys.run_id,
+            minter=stack.minter,
+            store=stack.store,
+            now=datetime.now(UTC),
+        )
+        == []
+    )
 
 
 def test_unknown_and_expired_gateway_keys_are_refused_and_not_forwarded(make_stack):
@@ -131,8 +154,16 @@ def test_unknown_and_expired_gateway_keys_are_refused_and_not_forwarded(make_sta
         )
     body = {"model": "sim-openai", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
     before = stack.sim.stats["ok"] + stack.sim.stats["refused"]
-    for secret, reason in ((keys.gateway_key.get_secret_value(), "expired"), ("efg_nope", "unknown")):
-        r = httpx.post(stack.url + "/v1/chat/completions", headers={"authorization": f"Bearer {secret}"}, json=body, timeout=5)
+    for secret, reason in (
+        (keys.gateway_key.get_secret_value(), "expired"),
+        ("efg_nope", "unknown"),
+    ):
+        r = httpx.post(
+            stack.url + "/v1/chat/completions",
+            headers={"authorization": f"Bearer {secret}"},
+            json=body,
+            timeout=5,
+        )
         assert r.status_code == 401 and reason in r.json()["error"]["message"]
     assert stack.sim.stats["ok"] + stack.sim.stats["refused"] == before
 
@@ -158,7 +189,13 @@ def test_canary_no_raw_secret_in_logs_ledger_or_errors(make_stack, caplog, capfd
         errors += [str(info.value), repr(info.value), info.value.response.text]
     statuses = {e.split(" ")[2] for e in errors[2::3]}
     assert {"429", "402"} <= statuses
-    revoke_run_keys(session_factory(stack.engine), keys.run_id, minter=stack.minter, store=stack.store, now=datetime.now(UTC))
+    revoke_run_keys(
+        session_factory(stack.engine),
+        keys.run_id,
+        minter=stack.minter,
+        store=stack.store,
+        now=datetime.now(UTC),
+    )
     with pytest.raises(openai.AuthenticationError) as info:
         client.chat.completions.create(model="sim-openai", messages=msgs, max_tokens=5)
     errors += [str(info.value), info.value.response.text]
@@ -166,11 +203,17 @@ def test_canary_no_raw_secret_in_logs_ledger_or_errors(make_stack, caplog, capfd
     dump = []
     with stack.engine.connect() as conn:
         for table in Base.metadata.sorted_tables:
-            dump += [repr(tuple(row)) for row in conn.execute(text(f'SELECT * FROM "{table.name}"'))]
+            dump += [
+                repr(tuple(row)) for row in conn.execute(text(f'SELECT * FROM "{table.name}"'))
+            ]
         calls = conn.execute(select(LlmCall).where(LlmCall.run_id == keys.run_id)).all()
     assert {c.status for c in calls} >= {200, 429}
     out, err = capfd.readouterr()
-    haystacks = {"logs": caplog.text + out + err, "ledger": "\n".join(dump), "errors": "\n".join(errors)}
+    haystacks = {
+        "logs": caplog.text + out + err,
+        "ledger": "\n".join(dump),
+        "errors": "\n".join(errors),
+    }
     assert hash_secret(gateway_secret) in haystacks["ledger"]  # the dump is real: hashes are there
     for secret in (gateway_secret, provider_secret, ADMIN_KEY.get_secret_value()):
         for where, text_ in haystacks.items():

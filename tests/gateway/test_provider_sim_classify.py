@@ -25,13 +25,21 @@ def _call(url, flavour, key, content="hello", max_tokens=10):
         return httpx.post(
             url + "/v1/chat/completions",
             headers={"authorization": f"Bearer {key}"},
-            json={"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens},
+            json={
+                "model": "m",
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": max_tokens,
+            },
             timeout=5,
         )
     return httpx.post(
         url + "/v1/messages",
         headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
-        json={"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens},
+        json={
+            "model": "m",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+        },
         timeout=5,
     )
 
@@ -52,7 +60,12 @@ def _first_refusal(profile, flavour, calls, cap=10**12):
     [
         ("openai", {"rpm": 2.0}, [("a", 5)] * 3, LimitType.REQUESTS),
         ("openai", {"tpm": 1000.0}, [("a", 600)] * 2, LimitType.TOKENS),
-        ("anthropic", {"input_tpm": 1000.0}, [("x" * 2400, 5), ("y" * 2400, 5)], LimitType.INPUT_TOKENS),
+        (
+            "anthropic",
+            {"input_tpm": 1000.0},
+            [("x" * 2400, 5), ("y" * 2400, 5)],
+            LimitType.INPUT_TOKENS,
+        ),
         ("anthropic", {"output_tpm": 1000.0}, [("a", 600), ("b", 600)], LimitType.OUTPUT_TOKENS),
         ("anthropic", {"rpm": 1.0}, [("a", 5)] * 2, LimitType.REQUESTS),
     ],
@@ -67,8 +80,12 @@ def test_rate_limit_429s_classify_per_limit_type(flavour, limits, calls, expecte
     assert verdict.retry_after_s is not None and verdict.retry_after_s > 0
     # The headers state the configured per-minute limits.
     for cls, value in limits.items():
-        stated = {"rpm": LimitType.REQUESTS, "tpm": LimitType.TOKENS,
-                  "input_tpm": LimitType.INPUT_TOKENS, "output_tpm": LimitType.OUTPUT_TOKENS}[cls]
+        stated = {
+            "rpm": LimitType.REQUESTS,
+            "tpm": LimitType.TOKENS,
+            "input_tpm": LimitType.INPUT_TOKENS,
+            "output_tpm": LimitType.OUTPUT_TOKENS,
+        }[cls]
         assert verdict.limits[stated] == value
 
 
@@ -104,13 +121,25 @@ def test_unknown_and_revoked_keys_are_refused_401():
     sim = ProviderSim(sim_profile(), ADMIN_KEY)
     with ServerThread(sim.app) as url:
         admin = {"authorization": f"Bearer {ADMIN_KEY.get_secret_value()}"}
-        created = httpx.post(url + "/admin/keys", headers=admin, json={"spend_cap_micro_usd": 100}, timeout=5)
+        created = httpx.post(
+            url + "/admin/keys", headers=admin, json={"spend_cap_micro_usd": 100}, timeout=5
+        )
         assert created.status_code == 201
         key = created.json()["key"]
         assert _call(url, "openai", key).status_code == 200
-        assert httpx.delete(url + f"/admin/keys/{created.json()['id']}", headers=admin, timeout=5).status_code == 200
+        assert (
+            httpx.delete(
+                url + f"/admin/keys/{created.json()['id']}", headers=admin, timeout=5
+            ).status_code
+            == 200
+        )
         assert _call(url, "openai", key).status_code == 401
         assert _call(url, "openai", "sk-sim-unknown").status_code == 401
-        assert httpx.post(url + "/admin/keys", json={"spend_cap_micro_usd": 1}, timeout=5).status_code == 401
-        bad = httpx.post(url + "/admin/keys", headers=admin, json={"spend_cap_micro_usd": -1}, timeout=5)
+        assert (
+            httpx.post(url + "/admin/keys", json={"spend_cap_micro_usd": 1}, timeout=5).status_code
+            == 401
+        )
+        bad = httpx.post(
+            url + "/admin/keys", headers=admin, json={"spend_cap_micro_usd": -1}, timeout=5
+        )
         assert bad.status_code == 400 and "spend_cap_micro_usd" in bad.json()["error"]["message"]

@@ -1,0 +1,182 @@
+"""The Prefect-backed pacer: an alias's budgets live in Prefect global concurrency limits.
+
+Per alias, four limits (visible and editable in the Prefect UI; the planner writes them):
+
+* ``evalfleet-pacer-<alias>-calls``: a rate limit, ``slot_decay_per_second`` = calls/s,
+  ``limit`` = calls/s x burst (the burst a full bucket allows);
+* ``evalfleet-pacer-<alias>-tokens``: a rate limit for the counted (input or combined) tokens;
+* ``evalfleet-pacer-<alias>-output-tokens``: a rate limit for output tokens, when budgeted;
+* ``evalfleet-pacer-<alias>-inflight-tokens``: a plain concurrency limit (no decay).
+
+Acquiring a Prefect limit per call is one HTTP round trip that serialises per process (~24/s
+measured, PREFECT-NOTES.md), far below the gateway's 100+ calls/s. So calls are paced
+locally by ``InProcessPacer`` (the ``planner.pacer`` core), whose budgets are re-read from
+these limits every ``sync_interval_s``: Prefect is the source of truth, and an edit in the UI
+takes effect within one interval. Reads are strict: a missing limit fails the alias (calls get
+503, nothing is admitted unpaced) until it exists again. An inactive limit is not enforced —
+Prefect's own meaning of ``active=False`` — and a warning is logged.
+
+``ensure_limits`` creates missing limits from the alias's seed (never overwriting what an
+operator or the planner set); ``push_budgets`` upserts them (the planner's write).
+
+Limits of this design: one gateway process per alias (several gateways would each pace at the
+full budget); the limits' active slots are not mirrored, so the UI shows budgets, not usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+from gateway.aliases import Alias, Aliases
+from gateway.pacer_local import InProcessPacer, seed_budgets
+from planner.budgets import Budgets
+
+log = logging.getLogger(__name__)
+
+UNENFORCED = 1e12
+"""Budget used for a class whose Prefect limit is inactive (Prefect admits everything)."""
+
+
+def limit_names(alias: str) -> dict[str, str]:
+    """The Prefect limit names of an alias, by budget field."""
+    prefix = f"evalfleet-pacer-{alias}"
+    return {
+        "calls_per_s": f"{prefix}-calls",
+        "tokens_per_s": f"{prefix}-tokens",
+        "output_tokens_per_s": f"{prefix}-output-tokens",
+        "inflight_tokens": f"{prefix}-inflight-tokens",
+    }
+
+
+def limit_values(budgets: Budgets, burst_s: float) -> dict[str, tuple[int, float | None]]:
+    """(limit, slot_decay_per_second) per budget field for these budgets."""
+    out: dict[str, tuple[int, float | None]] = {
+        "calls_per_s": (max(1, math.ceil(budgets.calls_per_s * burst_s)), budgets.calls_per_s),
+        "tokens_per_s": (max(1, math.ceil(budgets.tokens_per_s * burst_s)), budgets.tokens_per_s),
+        "inflight_tokens": (max(1, math.ceil(budgets.inflight_tokens)), None),
+    }
+    if budgets.output_tokens_per_s is not None:
+        rate = budgets.output_tokens_per_s
+        out["output_tokens_per_s"] = (max(1, math.ceil(rate * burst_s)), rate)
+    return out
+
+
+async def ensure_limits(alias: Alias) -> list[str]:
+    """Create the alias's limits that do not exist yet, from its seed; returns those created."""
+    created = []
+    names = limit_names(alias.name)
+    async with get_client() as client:
+        for field, (limit, decay) in limit_values(seed_budgets(alias), alias.pacer.burst_s).items():
+            try:
+                await client.read_global_concurrency_limit_by_name(names[field])
+                continue
+            except ObjectNotFound:
+                pass
+            kwargs: dict[str, Any] = {"name": names[field], "limit": limit}
+            if decay is not None:
+                kwargs["slot_decay_per_second"] = decay
+            try:
+                await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(**kwargs))
+                created.append(names[field])
+            except ObjectAlreadyExists:
+                continue  # another process created it meanwhile
+    return created
+
+
+async def push_budgets(alias: Alias, budgets: Budgets) -> None:
+    """Write budgets to the alias's limits (create or update: the planner's tick)."""
+    names = limit_names(alias.name)
+    async with get_client() as client:
+        for field, (limit, decay) in limit_values(budgets, alias.pacer.burst_s).items():
+            await client.upsert_global_concurrency_limit_by_name(names[field], limit, decay)
+
+
+async def read_budgets(alias: Alias) -> Budgets:
+    """The alias's budgets as its Prefect limits state them now (strict: missing → error)."""
+    names = limit_names(alias.name)
+    values: dict[str, float | None] = {"output_tokens_per_s": None}
+    async with get_client() as client:
+        for field, name in names.items():
+            if field == "output_tokens_per_s" and alias.pacer.output_tokens_per_s is None:
+                continue
+            gcl = await client.read_global_concurrency_limit_by_name(name)
+            if not gcl.active:
+                log.warning("Prefect limit %s is inactive: not enforced", name)
+                values[field] = UNENFORCED
+            elif field == "inflight_tokens":
+                values[field] = float(gcl.limit)
+            elif not gcl.slot_decay_per_second:
+                raise ObjectNotFound(http_exc=ValueError(f"{name} has no slot decay"))
+            else:
+                values[field] = float(gcl.slot_decay_per_second)
+    return Budgets(
+        calls_per_s=float(values["calls_per_s"] or 0),
+        tokens_per_s=float(values["tokens_per_s"] or 0),
+        output_tokens_per_s=values["output_tokens_per_s"],
+        inflight_tokens=float(values["inflight_tokens"] or 0),
+    )
+
+
+class PrefectPacer(InProcessPacer):
+    """Local pacing with budgets synced from the aliases' Prefect limits."""
+
+    def __init__(
+        self,
+        aliases: Aliases,
+        *,
+        sync_interval_s: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(aliases, clock=clock)
+        self._alias_list = list(aliases)
+        self.sync_interval_s = sync_interval_s
+        self._sync_task: asyncio.Task[None] | None = None
+        self.syncs = 0
+
+    async def start(self) -> None:
+        for alias in self._alias_list:
+            created = await ensure_limits(alias)
+            if created:
+                log.info("created Prefect limits %s from alias %s's seed", created, alias.name)
+        await self.sync()
+        await super().start()
+        self._sync_task = asyncio.create_task(self._sync_loop(), name="evalfleet-pacer-sync")
+
+    async def sync(self) -> None:
+        """Re-read every alias's limits once and apply them."""
+        for alias in self._alias_list:
+            try:
+                budgets = await read_budgets(alias)
+            except ObjectNotFound:
+                self.fail(
+                    alias.name, f"a Prefect concurrency limit of alias {alias.name} is missing"
+                )
+                log.error("alias %s: a Prefect limit is missing; admitting nothing", alias.name)
+                continue
+            if budgets != self.budgets(alias.name) or self._pacer(alias.name).failure:
+                self.set_budgets(alias.name, budgets)
+        self.syncs += 1
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.sync_interval_s)
+            try:
+                await self.sync()
+            except Exception as exc:  # noqa: BLE001 - keep pacing on the last budgets; logged
+                log.error("syncing pacer limits from Prefect failed: %s", type(exc).__name__)
+
+    async def close(self) -> None:
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+            await asyncio.gather(self._sync_task, return_exceptions=True)
+            self._sync_task = None
+        await super().close()

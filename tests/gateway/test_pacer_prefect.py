@@ -1,0 +1,209 @@
+"""The Prefect-backed pacer on a real Prefect server (fixture ``prefect_api_url``)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+from gateway.aliases import Aliases, load_aliases
+from gateway.pacer_prefect import PrefectPacer, limit_names
+from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable
+
+pytestmark = pytest.mark.prefect
+
+
+def _aliases(**per_alias: dict) -> Aliases:
+    template = load_aliases(None, provider_sim_url="http://127.0.0.1:9").get("sim-anthropic")
+    out = []
+    for name, pacer in per_alias.items():
+        seed = template.pacer.model_copy(update={"output_tokens_per_s": None, **pacer})
+        out.append(
+            template.model_copy(update={"name": name, "pacer": seed, "cached_input_counts": True})
+        )
+    return Aliases(out)
+
+
+def _max_in_windows(events, width, key):
+    """Largest sum of ``key`` over admissions in any window [t, t + width)."""
+    times = [t for t, _ in events]
+    best = 0.0
+    j = 0
+    total = 0.0
+    for i in range(len(events)):
+        while j < len(events) and times[j] < times[i] + width:
+            total += key(events[j][1])
+            j += 1
+        best = max(best, total)
+        total -= key(events[i][1])
+    return best
+
+
+async def _flood(pacer, alias, sizes, until, events, workers):
+    async def worker():
+        while time.monotonic() < until:
+            est = CallEstimate(input_uncached=random.choice(sizes), max_output=0)
+            permit = await pacer.acquire(alias, est)
+            events.append((time.monotonic(), est.input_uncached))
+            await pacer.settle(permit, CallUsage(input_uncached=est.input_uncached))
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+
+
+def test_pacing_holds_calls_and_tokens_budgets(prefect_api):
+    # Two aliases paced at the same time: one bound by calls/s (small calls), one by tokens/s.
+    r, t, b, duration = 20.0, 4000.0, 1.0, 12.0
+    tag = uuid.uuid4().hex[:6]
+    calls_alias, tokens_alias = f"calls-{tag}", f"tokens-{tag}"
+    aliases = _aliases(
+        **{
+            calls_alias: {
+                "calls_per_s": r,
+                "tokens_per_s": t,
+                "inflight_tokens": 1e9,
+                "burst_s": b,
+            },
+            tokens_alias: {
+                "calls_per_s": r,
+                "tokens_per_s": t,
+                "inflight_tokens": 1e9,
+                "burst_s": b,
+            },
+        }
+    )
+    events = {calls_alias: [], tokens_alias: []}
+
+    async def run():
+        pacer = PrefectPacer(aliases, sync_interval_s=1.0)
+        await pacer.start()
+        try:
+            start = time.monotonic()
+            until = start + duration
+            await asyncio.gather(
+                _flood(pacer, calls_alias, [10, 20, 30], until, events[calls_alias], 20),
+                _flood(pacer, tokens_alias, [300, 400, 500], until, events[tokens_alias], 20),
+            )
+            return start, pacer.syncs
+        finally:
+            await pacer.close()
+
+    start, syncs = asyncio.run(run())
+    assert syncs >= 5  # the budgets were re-read from Prefect during the run
+    for alias in (calls_alias, tokens_alias):
+        ev = sorted(events[alias])
+        for width in (10.0, 11.0):
+            assert _max_in_windows(ev, width, lambda _n: 1) <= r * (width + b) + 1e-9
+            assert _max_in_windows(ev, width, lambda n: n) <= t * (width + b) + 500  # + one call
+
+    # Steady state (after the initial burst): within ±10% of the binding budget.
+    def rate(alias, key):
+        steady = [(ts, n) for ts, n in events[alias] if start + 2.0 <= ts < start + duration]
+        return sum(key(n) for _, n in steady) / (duration - 2.0)
+
+    assert rate(calls_alias, lambda _n: 1) == pytest.approx(r, rel=0.10)
+    assert rate(tokens_alias, lambda n: n) == pytest.approx(t, rel=0.10)
+
+
+def test_prefect_limits_are_the_source_of_truth(prefect_api):
+    alias = f"truth-{uuid.uuid4().hex[:6]}"
+    aliases = _aliases(
+        **{
+            alias: {
+                "calls_per_s": 5.0,
+                "tokens_per_s": 1000.0,
+                "inflight_tokens": 1e6,
+                "burst_s": 2.0,
+            }
+        }
+    )
+    names = limit_names(alias)
+
+    async def run():
+        pacer = PrefectPacer(aliases, sync_interval_s=0.3)
+        await pacer.start()
+        try:
+            async with get_client() as client:
+                calls = await client.read_global_concurrency_limit_by_name(names["calls_per_s"])
+                assert (calls.limit, calls.slot_decay_per_second) == (10, 5.0)
+                inflight = await client.read_global_concurrency_limit_by_name(
+                    names["inflight_tokens"]
+                )
+                assert inflight.limit == 1_000_000
+                # An operator edits the limit in Prefect: the pacer follows within a sync.
+                await client.update_global_concurrency_limit(
+                    names["calls_per_s"],
+                    GlobalConcurrencyLimitUpdate(limit=80, slot_decay_per_second=40.0),
+                )
+                deadline = time.monotonic() + 3
+                while pacer.budgets(alias).calls_per_s != 40.0:
+                    assert time.monotonic() < deadline, "the edit never reached the pacer"
+                    await asyncio.sleep(0.05)
+                # A deleted limit fails the alias (strict): nothing is admitted unpaced.
+                await client.delete_global_concurrency_limit_by_name(names["tokens_per_s"])
+                deadline = time.monotonic() + 3
+                while True:
+                    try:
+                        p = await pacer.acquire(alias, CallEstimate(input_uncached=1))
+                        await pacer.settle(p, None)
+                    except PacerUnavailable as exc:
+                        assert "missing" in str(exc)
+                        break
+                    assert time.monotonic() < deadline, "a missing limit still admitted calls"
+                    await asyncio.sleep(0.05)
+        finally:
+            await pacer.close()
+
+    asyncio.run(run())
+
+
+def test_large_call_is_not_starved_by_small_ones(prefect_api):
+    # Bucket capacity 1000 tokens (500/s x 2 s); the big call asks 3000: more than the bucket.
+    alias = f"big-{uuid.uuid4().hex[:6]}"
+    aliases = _aliases(
+        **{
+            alias: {
+                "calls_per_s": 1000.0,
+                "tokens_per_s": 500.0,
+                "inflight_tokens": 1e9,
+                "burst_s": 2.0,
+            }
+        }
+    )
+    order: list[tuple[str, float, float]] = []  # (kind, requested_at, admitted_at)
+
+    async def small(pacer, until):
+        while time.monotonic() < until:
+            asked = time.monotonic()
+            p = await pacer.acquire(alias, CallEstimate(input_uncached=50))
+            order.append(("small", asked, time.monotonic()))
+            await pacer.settle(p, CallUsage(input_uncached=50))
+
+    async def big(pacer):
+        await asyncio.sleep(1.0)
+        asked = time.monotonic()
+        p = await pacer.acquire(alias, CallEstimate(input_uncached=3000))
+        order.append(("big", asked, time.monotonic()))
+        await pacer.settle(p, CallUsage(input_uncached=3000))
+
+    async def run():
+        pacer = PrefectPacer(aliases, sync_interval_s=1.0)
+        await pacer.start()
+        try:
+            until = time.monotonic() + 6.0
+            await asyncio.gather(big(pacer), *(small(pacer, until) for _ in range(10)))
+        finally:
+            await pacer.close()
+
+    asyncio.run(run())
+    [(_, asked, admitted)] = [o for o in order if o[0] == "big"]
+    # Admitted after the <= 10 small calls queued ahead of it (500 tokens: 1 s) and a full
+    # bucket (2 s of refill), long before the flood ends (5 s after it asked).
+    assert admitted - asked <= 3.5
+    # FIFO: no small call that asked after the big one was admitted before it.
+    assert not [o for o in order if o[0] == "small" and o[1] > asked + 1e-3 and o[2] < admitted]
+    assert [o for o in order if o[0] == "small" and o[2] > admitted]  # small calls resumed
