@@ -283,3 +283,38 @@ class AliasObservation(Base):
     limits: Mapped[dict[str, Any]] = mapped_column(JSON)
     last_limit_type: Mapped[str | None] = mapped_column(String(16))
     last_limited_at: Mapped[datetime | None] = mapped_column()
+
+
+class AliasControl(Base):
+    """Per gateway alias: operator overrides that are not pacer constants (its ceiling override).
+
+    Written only through ``ledger.controls`` (with an audit row); the planner applies an alias's
+    ``ceiling_override`` on top of the runs' own caps and overrides.
+    """
+
+    __tablename__ = "alias_controls"
+
+    alias: Mapped[str] = mapped_column(String(64), primary_key=True)
+    ceiling_override: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class S3Drop(Base):
+    """Every run-config object ``evalfleet s3 watch`` has handled: ``emitted`` (an
+    ``s3.object.created`` event was sent) or ``rejected`` (with the reason). ``identity`` is the
+    object's launch idempotency key (bucket/key/version or ETag): a restarted watcher skips what
+    is here, and the same object can never be launched twice."""
+
+    __tablename__ = "s3_drops"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    identity: Mapped[str] = mapped_column(String(256), unique=True)
+    bucket: Mapped[str] = mapped_column(String(64), index=True)
+    key: Mapped[str] = mapped_column(String(1024))
+    version_id: Mapped[str | None] = mapped_column(String(1024))
+    etag: Mapped[str] = mapped_column(String(128))
+    size: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    event_id: Mapped[str | None] = mapped_column(String(36))
+    seen_at: Mapped[datetime] = mapped_column(server_default=func.now())
