@@ -22,6 +22,16 @@ class ConfigError(EvalfleetError):
         super().__init__(f"{source}: " + "; ".join(problems))
 
 
+class ConfigSourceUnavailable(ConfigError):
+    """A run config's source (a file, an S3 bucket or object) cannot be read: missing, access
+    denied, or unreachable. ``retryable`` is True when trying again later may succeed (network,
+    throttling), False when the source itself is wrong (no such bucket or key, access denied)."""
+
+    def __init__(self, source: str, problems: list[str], *, retryable: bool) -> None:
+        self.retryable = retryable
+        super().__init__(source, problems)
+
+
 class IllegalTransition(EvalfleetError):
     """A state change that the run or instance state machine does not allow."""
 
