@@ -193,7 +193,18 @@ class Settings(BaseSettings):
         description="Queued evaluations per eval-pool concurrency slot the scaler provides.",
     )
 
-    @field_validator("database_url", "valkey_url", "gateway_url", "provider_sim_url")
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2048,
+        description="S3 endpoint for run configs dropped into a bucket (`s3://` config URIs, "
+        "`evalfleet s3 watch`); default: AWS's own. Set it for MinIO, moto or LocalStack. "
+        "Credentials and region come from boto3's usual chain (AWS_* variables, profile, role).",
+    )
+
+    @field_validator(
+        "database_url", "valkey_url", "gateway_url", "provider_sim_url", "s3_endpoint_url"
+    )
     @classmethod
     def _has_scheme(cls, value: str | None) -> str | None:
         if value is not None and "://" not in value:
