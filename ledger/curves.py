@@ -10,6 +10,13 @@ ran *entirely* inside a time window, as the ``planner.fit.fit_curve`` tables:
   task's start, where the start is ``requested_at - task_age_s`` of its calls (the latest
   attempt's: calls of earlier attempts of a requeued instance are left out).
 
+Task ages are on the task's *own* clock by default (``unthrottled``): the time the instance lost
+to throttling before a request (the ``pacer_wait_s`` of its successful calls, and for every other
+attempt the time until its next request: pacer wait, back-off, retry-after) is subtracted from
+the request's age and from the instance's duration. A curve is the *demand* of a task by age;
+fitted from wall-clock ages of a paced run it would show the pacer's throughput instead (tasks
+stretched by waiting ask less per second), and a planner sizing on it would over-launch.
+
 Only instances that ended naturally (``resolved``, ``unresolved``, ``error``) count: a running
 instance's duration is not known yet, and ``aborted``/``lost`` ones did not end on their own;
 both would bias survival. Instances that started before ``since`` or ended after ``until`` are
@@ -36,6 +43,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Engine, and_, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from evalfleet.errors import ConfigError, NotFound
 from ledger.clock import as_utc
@@ -65,6 +73,8 @@ class FitWindow:
     calls: pd.DataFrame
     instances: pd.DataFrame
     dropped: Mapping[str, int] = field(default_factory=dict)
+    throttle_s: float = 0.0
+    unthrottled: bool = True
 
     @property
     def call_count(self) -> int:
@@ -83,6 +93,8 @@ class FitWindow:
             "calls": self.call_count,
             "instances": self.instance_count,
             "dropped": dict(self.dropped),
+            "unthrottled": self.unthrottled,
+            "throttle_s_removed": round(self.throttle_s, 3),
         }
 
 
@@ -134,11 +146,15 @@ def load_fit_window(
     harness: str,
     since: datetime | None = None,
     until: datetime | None = None,
+    *,
+    unthrottled: bool = True,
 ) -> FitWindow:
     """The ``fit_curve`` tables of ``harness`` for instances that ran inside [since, until).
 
-    See the module docstring for which calls and instances count. ``since``/``until`` must be
-    timezone-aware (None: unbounded). Never raises for an empty window: the tables are empty.
+    See the module docstring for which calls and instances count, and for ``unthrottled``
+    (ages on the task's own clock, throttling time removed; False: the gateway's wall-clock
+    ages). ``since``/``until`` must be timezone-aware (None: unbounded). Never raises for an
+    empty window: the tables are empty.
     """
     _check_harness(harness)
     _check_window(since, until)
@@ -154,6 +170,8 @@ def load_fit_window(
             LlmCall.input_tokens,
             LlmCall.cached_input_tokens,
             LlmCall.output_tokens,
+            LlmCall.status,
+            LlmCall.pacer_wait_s,
             InstanceResult.state,
             InstanceResult.started_at,
             InstanceResult.finished_at,
@@ -166,7 +184,7 @@ def load_fit_window(
                 InstanceResult.instance_id == LlmCall.instance_id,
             ),
         )
-        .where(harness_match, LlmCall.status == 200)
+        .where(harness_match)
     )
     if since is not None:
         query = query.where(LlmCall.requested_at >= since)
@@ -174,7 +192,7 @@ def load_fit_window(
         query = query.where(LlmCall.requested_at < until)
     with readonly(engine).connect() as conn:
         rows = conn.execute(query).all()
-    return _window_from_rows(harness, since, until, rows)
+    return _window_from_rows(harness, since, until, rows, unthrottled=unthrottled)
 
 
 def _seconds(values: pd.Series) -> np.ndarray:
@@ -186,60 +204,83 @@ def _seconds(values: pd.Series) -> np.ndarray:
     return out
 
 
+_ROW_COLUMNS = [
+    "run_id",
+    "instance",
+    "requested_at",
+    "task_age_s",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "status",
+    "pacer_wait_s",
+    "state",
+    "started_at",
+    "finished_at",
+]
+
+
+def _throttle_before(df: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
+    """Per row (sorted by instance, then request time): seconds the instance had lost to
+    throttling before this request; and per instance, the total lost.
+
+    A 200 lost its ``pacer_wait_s``; any other attempt lost the time until the instance's next
+    request (pacer wait, back-off and retry-after: an agent's calls are sequential)."""
+    ids = df["instance_id"].to_numpy()
+    req = df["req_s"].to_numpy()
+    same_next = np.zeros(ids.size, dtype=bool)
+    same_next[:-1] = ids[1:] == ids[:-1]
+    gap_next = np.zeros(ids.size)
+    gap_next[:-1] = req[1:] - req[:-1]
+    ok = df["status"].to_numpy() == 200
+    wait = np.nan_to_num(pd.to_numeric(df["pacer_wait_s"]).to_numpy(dtype=np.float64))
+    lost = np.where(ok, wait, np.where(same_next, gap_next, 0.0))
+    lost = np.maximum(lost, 0.0)
+    total = pd.Series(lost, index=df.index).groupby(df["instance_id"]).cumsum().to_numpy()
+    return total - lost, pd.Series(lost).groupby(ids).sum()
+
+
 def _window_from_rows(
-    harness: str, since: datetime | None, until: datetime | None, rows: Sequence[Any]
+    harness: str,
+    since: datetime | None,
+    until: datetime | None,
+    rows: Sequence[Any],
+    *,
+    unthrottled: bool,
 ) -> FitWindow:
-    columns = [
-        "run_id",
-        "instance",
-        "requested_at",
-        "task_age_s",
-        "input_tokens",
-        "cached_input_tokens",
-        "output_tokens",
-        "state",
-        "started_at",
-        "finished_at",
-    ]
-    df = pd.DataFrame([tuple(r) for r in rows], columns=columns)
+    df = pd.DataFrame([tuple(r) for r in rows], columns=_ROW_COLUMNS)
     dropped = {
         "calls_of_unfinished_instances": 0,
         "calls_of_aborted_or_lost_instances": 0,
         "calls_of_earlier_attempts": 0,
         "instances_outside_window": 0,
     }
-    empty = FitWindow(
-        harness=harness,
-        since=since,
-        until=until,
-        calls=pd.DataFrame(columns=list(CALL_COLUMNS)),
-        instances=pd.DataFrame(columns=["instance_id", "wall_time_s"]),
-        dropped=dropped,
-    )
+    empty_calls = pd.DataFrame(columns=list(CALL_COLUMNS))
+    empty_instances = pd.DataFrame(columns=["instance_id", "wall_time_s"])
     if df.empty:
-        return empty
+        return FitWindow(harness, since, until, empty_calls, empty_instances, dropped)
+    ok = df["status"] == 200
     natural = df["state"].isin(NATURAL_ENDS) & df["finished_at"].notna()
     unfinished = df["finished_at"].isna() | ~df["state"].isin((*NATURAL_ENDS, "aborted", "lost"))
-    dropped["calls_of_unfinished_instances"] = int(unfinished.sum())
-    dropped["calls_of_aborted_or_lost_instances"] = int((~natural & ~unfinished).sum())
+    dropped["calls_of_unfinished_instances"] = int((unfinished & ok).sum())
+    dropped["calls_of_aborted_or_lost_instances"] = int((~natural & ~unfinished & ok).sum())
     df = df[natural].copy()
     if df.empty:
-        return FitWindow(harness, since, until, empty.calls, empty.instances, dropped)
+        return FitWindow(harness, since, until, empty_calls, empty_instances, dropped)
 
     df["instance_id"] = df["run_id"].astype(str) + "/" + df["instance"].astype(str)
-    requested = _seconds(df["requested_at"])
+    df["req_s"] = _seconds(df["requested_at"])
     started = _seconds(df["started_at"])
     age = pd.to_numeric(df["task_age_s"], errors="coerce").to_numpy(dtype=np.float64)
-    age = np.where(np.isfinite(age), age, requested - started)
+    age = np.where(np.isfinite(age), age, df["req_s"].to_numpy() - started)
     df["age"] = np.maximum(age, 0.0)
-    df["origin"] = requested - df["age"].to_numpy()
+    df["origin"] = df["req_s"].to_numpy() - df["age"].to_numpy()
     latest = df.groupby("instance_id")["origin"].transform("max")
     current = df["origin"] >= latest - ATTEMPT_GAP_S
-    dropped["calls_of_earlier_attempts"] = int((~current).sum())
-    df = df[current]
+    dropped["calls_of_earlier_attempts"] = int((~current & (df["status"] == 200)).sum())
+    df = df[current].sort_values(["instance_id", "req_s"], kind="stable", ignore_index=True)
 
-    finished = _seconds(df["finished_at"])
-    df = df.assign(end=finished)
+    df["end"] = _seconds(df["finished_at"])
     per_instance = df.groupby("instance_id").agg(
         origin=("origin", "min"), end=("end", "max"), last_age=("age", "max")
     )
@@ -250,12 +291,22 @@ def _window_from_rows(
         inside &= per_instance["end"].to_numpy() <= until.timestamp()
     dropped["instances_outside_window"] = int((~inside).sum())
     per_instance = per_instance[inside]
-    df = df[df["instance_id"].isin(per_instance.index)]
+    df = df[df["instance_id"].isin(per_instance.index)].reset_index(drop=True)
+    lost_total = pd.Series(0.0, index=per_instance.index)
+    if unthrottled and not df.empty:
+        before, lost_total = _throttle_before(df)
+        df["age"] = np.maximum(df["age"].to_numpy() - before, 0.0)
+        lost_total = lost_total.reindex(per_instance.index, fill_value=0.0)
+    df = df[df["status"] == 200]
+    last_age = df.groupby("instance_id")["age"].max().reindex(per_instance.index, fill_value=0.0)
     wall = np.maximum(
-        per_instance["end"].to_numpy() - per_instance["origin"].to_numpy(),
-        per_instance["last_age"].to_numpy(),
+        per_instance["end"].to_numpy() - per_instance["origin"].to_numpy() - lost_total.to_numpy(),
+        last_age.to_numpy(),
     )
-    instances = pd.DataFrame({"instance_id": per_instance.index.to_numpy(), "wall_time_s": wall})
+    keep = per_instance.index.isin(df["instance_id"].unique())
+    instances = pd.DataFrame(
+        {"instance_id": per_instance.index.to_numpy()[keep], "wall_time_s": wall[keep]}
+    )
     calls = pd.DataFrame(
         {
             "instance_id": df["instance_id"].to_numpy(),
@@ -265,7 +316,16 @@ def _window_from_rows(
             "output_tokens": df["output_tokens"].to_numpy(dtype=np.int64),
         }
     ).sort_values(["instance_id", "t_request_s"], kind="stable", ignore_index=True)
-    return FitWindow(harness, since, until, calls, instances.reset_index(drop=True), dropped)
+    return FitWindow(
+        harness,
+        since,
+        until,
+        calls,
+        instances,
+        dropped,
+        throttle_s=float(lost_total.sum()),
+        unthrottled=unthrottled,
+    )
 
 
 def write_curve(
@@ -350,15 +410,15 @@ def read_version(engine: Engine, harness: str, version: int) -> StoredCurve:
     _check_harness(harness)
     if version == 0:
         return _shipped(harness)
-    with readonly(engine).connect() as conn:
-        row = conn.execute(
+    with Session(readonly(engine)) as session:
+        row = session.scalars(
             select(HarnessCurveRow).where(
                 HarnessCurveRow.harness == harness, HarnessCurveRow.version == version
             )
         ).one_or_none()
-    if row is None:
-        raise NotFound(f"harness {harness!r} has no curve version {version}")
-    return _stored(row[0])
+        if row is None:
+            raise NotFound(f"harness {harness!r} has no curve version {version}")
+        return _stored(row)
 
 
 def latest_version(engine: Engine, harness: str) -> int:

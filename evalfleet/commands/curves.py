@@ -3,8 +3,13 @@
 ``curves fit-default`` refits the shipped default curve of ``mini-swe-agent`` from the public
 traces in ``sim/traces`` (80% of the instances, chosen deterministically), checks it on the other
 20% (per minute of age, per running task) and rewrites ``planner/default_curves/<harness>.json``
-with the fitted parameters and the measured check. The ledger-backed ``curves fit`` and
-``curves show`` come with the ledger.
+with the fitted parameters and the measured check.
+
+``curves fit --harness H [--since ...] [--until ...] [--write] [--json]`` refits a harness from
+the ledger's ``llm_calls`` (``analysis.refit``: instances that ran entirely in the window),
+compares the fit and the version in use per minute of task age, and with ``--write`` stores it
+as the next ``harness_curves`` version, which the planner loop picks up at its next tick.
+``curves show [--harness H]`` lists the stored versions.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
 import pandas as pd
+from sqlalchemy import Engine
 
 from evalfleet.errors import ConfigError
 
@@ -123,6 +130,142 @@ def fit_default(trace: str, out_dir: Path, dry_run: bool, as_json: bool) -> None
         verdict = "ok" if worst <= CHECK_TOLERANCE else "OVER TOLERANCE"
         click.echo(f"{q}: worst {worst * 100:.1f}% ({verdict}, tolerance {CHECK_TOLERANCE:.0%})")
     click.echo(("would write " if dry_run else "wrote ") + str(path))
+
+
+def _ledger_engine() -> Engine:
+    from evalfleet.settings import get_settings
+    from ledger.db import make_engine
+
+    return make_engine(get_settings().ledger_url, pool_size=1, max_overflow=0)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.1f}%"
+
+
+@curves.command(name="fit")
+@click.option("--harness", required=True, help="Harness to refit (runs.harness / llm_calls).")
+@click.option(
+    "--since", default=None, help="Window start: ISO 8601 time (naive = UTC) or a duration ago "
+    "(30m, 6h, 2d). Default: the beginning of the ledger."
+)  # fmt: skip
+@click.option("--until", default=None, help="Window end, same forms as --since. Default: now.")
+@click.option(
+    "--min-instances",
+    type=click.IntRange(1, 1_000_000),
+    default=20,
+    show_default=True,
+    help="Refuse to fit from fewer finished instances than this.",
+)
+@click.option("--write", is_flag=True, help="Store the fit as the harness's next curve version.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def fit(
+    harness: str,
+    since: str | None,
+    until: str | None,
+    min_instances: int,
+    write: bool,
+    as_json: bool,
+) -> None:
+    """Refit a harness's usage curve from the ledger and compare it with the version in use."""
+    from analysis.refit import parse_when, refit, write_refit
+
+    now = datetime.now(UTC)
+    since_at = parse_when(since, now, option="--since") if since is not None else None
+    until_at = parse_when(until, now, option="--until") if until is not None else None
+    engine = _ledger_engine()
+    try:
+        result = refit(engine, harness, since_at, until_at, min_instances=min_instances)
+        version = write_refit(engine, result) if write else None
+    finally:
+        engine.dispose()
+    current = result.current
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "harness": harness,
+                    "window": result.window.describe(),
+                    "sample_count": result.fit.sample_count,
+                    "instances": result.fit.instance_count,
+                    "max_abs_rel_error": result.worst_errors("new"),
+                    "current_version": current.version if current else None,
+                    "current_max_abs_rel_error": result.worst_errors("current"),
+                    "written_version": version,
+                }
+            )
+        )
+        return
+    window = result.window
+    click.echo(
+        f"fitted {harness} from {window.instance_count} instances ({window.call_count} calls)"
+    )
+    left_out = {k: v for k, v in window.dropped.items() if v}
+    if left_out:
+        click.echo("left out: " + ", ".join(f"{k} {v}" for k, v in left_out.items()))
+    cmp = result.comparison
+    for which, label in (("new", "new fit"), ("current", "in use")):
+        col = f"rel_error_{which}"
+        if col not in cmp.columns:
+            continue
+        if which == "current" and current is not None:
+            label = f"in use (version {current.version}, {current.source})"
+        table = cmp.pivot(index="bin_start_s", columns="quantity", values=col)
+        table.index = [f"min {int(i // 60)}" for i in table.index]
+        click.echo(f"{label}: relative error per minute of age (predicted / observed - 1, %):")
+        click.echo((table * 100).round(1).to_string())
+    worst_new = result.worst_errors("new").get("input_tokens_per_s")
+    worst_cur = result.worst_errors("current").get("input_tokens_per_s")
+    click.echo(f"input tokens/s worst minute: new fit {_pct(worst_new)}, in use {_pct(worst_cur)}")
+    if version is not None:
+        click.echo(f"wrote {harness} curve version {version}")
+    else:
+        click.echo("not written (use --write to store it as the next version)")
+
+
+@curves.command(name="show")
+@click.option("--harness", default=None, help="Only this harness.")
+@click.option("--json", "as_json", is_flag=True, help="Print the versions as JSON.")
+def show(harness: str | None, as_json: bool) -> None:
+    """List the stored curve versions (newest per harness is what the planner uses)."""
+    from ledger.curves import list_versions
+
+    engine = _ledger_engine()
+    try:
+        versions = list_versions(engine, harness)
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "harness": v.harness,
+                        "version": v.version,
+                        "sample_count": v.sample_count,
+                        "instances": v.fit_quality.get("instances"),
+                        "source": v.source,
+                        "created_at": v.created_at.isoformat(),
+                        "max_abs_rel_error": v.fit_quality.get("max_abs_rel_error", {}),
+                    }
+                    for v in versions
+                ]
+            )
+        )
+        return
+    if not versions:
+        scope = f"harness {harness!r}" if harness else "any harness"
+        click.echo(f"no stored curve versions for {scope}; the planner uses the shipped default")
+        return
+    latest = {v.harness: v.version for v in versions}
+    for v in versions:
+        worst = v.fit_quality.get("max_abs_rel_error", {}).get("input_tokens_per_s")
+        mark = "  <- in use" if latest[v.harness] == v.version else ""
+        click.echo(
+            f"{v.harness}  v{v.version}  {v.created_at:%Y-%m-%d %H:%M:%S}Z  "
+            f"{v.sample_count} calls  {v.fit_quality.get('instances', '?')} instances  "
+            f"input tokens/s worst {_pct(worst)}  {v.source}{mark}"
+        )
 
 
 def register(root: click.Group) -> None:
