@@ -196,12 +196,11 @@ def load_fit_window(
 
 
 def _seconds(values: pd.Series) -> np.ndarray:
-    """Aware-UTC datetimes (or None) as float seconds since the epoch (NaN for None)."""
-    out = np.full(len(values), np.nan)
-    for i, v in enumerate(values):
-        if v is not None and not (isinstance(v, float) and np.isnan(v)):
-            out[i] = as_utc(v).timestamp()
-    return out
+    """Datetimes (naive = UTC, as SQLite returns them; or aware) as float seconds since the
+    epoch, NaN for None."""
+    stamps = pd.to_datetime(values, utc=True, format="mixed")
+    seconds = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
+    return np.asarray(seconds.to_numpy(dtype=np.float64, na_value=np.nan))
 
 
 _ROW_COLUMNS = [
@@ -286,7 +285,7 @@ def _window_from_rows(
     )
     inside = np.ones(per_instance.shape[0], dtype=bool)
     if since is not None:
-        inside &= per_instance["origin"].to_numpy() >= since.timestamp() - ATTEMPT_GAP_S
+        inside &= per_instance["origin"].to_numpy() >= since.timestamp()
     if until is not None:
         inside &= per_instance["end"].to_numpy() <= until.timestamp()
     dropped["instances_outside_window"] = int((~inside).sum())
