@@ -104,7 +104,7 @@ def object_identity(bucket: str, key: str, version_id: str | None, etag: str) ->
     return "s3:sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _bucket_problem(bucket: str) -> str | None:
+def bucket_problem(bucket: str) -> str | None:
     if not 3 <= len(bucket) <= 63:
         return f"bucket name must be 3 to 63 characters (got {len(bucket)})"
     if not set(bucket) <= _BUCKET_CHARS:
@@ -125,7 +125,7 @@ def parse_s3_uri(uri: str) -> S3Location:
         raise ConfigError("config_uri", [f"not an s3:// URI: {uri[:80]!r}"])
     if parts.fragment:
         raise ConfigError(uri, ["'#' is not allowed (escape it in the key as %23)"])
-    problem = _bucket_problem(parts.netloc)
+    problem = bucket_problem(parts.netloc)
     if problem is not None:
         raise ConfigError(uri, [problem])
     key = unquote(parts.path.removeprefix("/"))
@@ -168,7 +168,7 @@ def s3_client(endpoint_url: str | None = None) -> Any:
     return boto3.client("s3", endpoint_url=endpoint, config=config)
 
 
-def _unavailable(source: str, exc: Exception, s3: Any, bucket: str, what: str) -> ConfigError:
+def source_unavailable(source: str, exc: Exception, s3: Any, bucket: str, what: str) -> ConfigError:
     """Turn a boto3/botocore failure into a ConfigError that names the problem, not a trace."""
     from botocore.exceptions import (
         BotoCoreError,
@@ -245,7 +245,7 @@ def head_s3_object(s3: Any, loc: S3Location) -> S3ObjectInfo:
     try:
         head = s3.head_object(**args)
     except (BotoCoreError, ClientError) as exc:
-        raise _unavailable(loc.uri, exc, s3, loc.bucket, what) from None
+        raise source_unavailable(loc.uri, exc, s3, loc.bucket, what) from None
     version = head.get("VersionId")
     return S3ObjectInfo(
         bucket=loc.bucket,
@@ -288,7 +288,7 @@ def read_s3_config(s3: Any, info: S3ObjectInfo) -> RunConfig:
         finally:
             body.close()
     except (BotoCoreError, ClientError) as exc:
-        raise _unavailable(source, exc, s3, info.bucket, "the object") from None
+        raise source_unavailable(source, exc, s3, info.bucket, "the object") from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(source, [f"object is larger than {MAX_CONFIG_BYTES:,} bytes"])
     data = parse_document(decode_text(raw, source), source, fmt)
