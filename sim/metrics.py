@@ -1,0 +1,137 @@
+"""The benchmark's figures: the physical lower bound of a scenario and the per-policy columns.
+
+``lower_bound`` is the largest of: for each provider limit class, the time to serve the
+scenario's total counted amount of that class at its limit, integrated over time when the
+limit changes (``sim.limits.time_to_serve``); the sum of unthrottled instance durations (boot
+included) divided by the binding task cap; the longest instance. It depends only on the
+scenario and its workload, never on a policy. ``summarise`` turns a run's raw stats into the
+columns of the results table (see docs/scenarios.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.classify import LimitType
+from sim.engine import RunStats
+from sim.limits import CLASS_ORDER, LimitChange, LimitSpec, time_to_serve
+from sim.scenario import Scenario
+from sim.workload import Workload
+
+COLUMNS = (
+    "makespan_s",
+    "lower_bound_s",
+    "ratio",
+    "calls",
+    "http_429",
+    "rate_429",
+    "utilisation",
+    "peak_fleet",
+    "ticks",
+)
+
+
+def limit_spec(scenario: Scenario) -> tuple[LimitSpec, list[LimitChange]]:
+    """The scenario's true provider limits in sim.limits' terms."""
+    p = scenario.provider
+    spec = LimitSpec(
+        rpm=p.rpm,
+        tpm=p.tpm,
+        input_tpm=p.input_tpm,
+        output_tpm=p.output_tpm,
+        cached_input_counts=p.cached_input_counts,
+    )
+    changes = [
+        LimitChange(
+            at_s=c.at_s, rpm=c.rpm, tpm=c.tpm, input_tpm=c.input_tpm, output_tpm=c.output_tpm
+        )
+        for c in p.changes
+    ]
+    return spec, changes
+
+
+def class_totals(scenario: Scenario, workload: Workload) -> dict[LimitType, float]:
+    """What the whole scenario asks of each limit class, unthrottled (no retries)."""
+    counted = workload.input - workload.cached
+    if scenario.provider.cached_input_counts:
+        counted = workload.input
+    out = float(workload.output.sum())
+    return {
+        LimitType.REQUESTS: float(workload.n_calls),
+        LimitType.INPUT_TOKENS: float(counted.sum()),
+        LimitType.TOKENS: float(counted.sum()) + out,
+        LimitType.OUTPUT_TOKENS: out,
+    }
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    """The lower bound and its terms (seconds); ``binding_class`` is the tightest limit class."""
+
+    seconds: float
+    terms: dict[str, float]
+    binding_class: LimitType | None
+
+
+def lower_bound(scenario: Scenario, workload: Workload) -> LowerBound:
+    spec, changes = limit_spec(scenario)
+    totals = class_totals(scenario, workload)
+    terms: dict[str, float] = {}
+    best_class, best = None, -1.0
+    for cls in CLASS_ORDER:
+        if spec.limit(cls) is None:
+            continue
+        t = time_to_serve(spec, changes, cls, totals[cls])
+        terms[cls.value] = t
+        if t > best:
+            best_class, best = cls, t
+    durations = workload.durations()
+    cap = scenario.caps.binding
+    if cap is not None:
+        terms["task_cap"] = float(durations.sum()) / cap
+    terms["longest_instance"] = float(durations.max())
+    return LowerBound(seconds=max(terms.values()), terms=terms, binding_class=best_class)
+
+
+def integrated_limit(scenario: Scenario, cls: LimitType, until_s: float) -> float:
+    """∫0..until limit(t)/60 dt for a class (what the provider could serve in that time)."""
+    spec, changes = limit_spec(scenario)
+    steps = [(0.0, spec.limit(cls))]
+    for ch in changes:
+        lim = ch.limit(cls)
+        if lim is not None:
+            steps.append((ch.at_s, lim))
+    total = 0.0
+    for i, (start, lim) in enumerate(steps):
+        end = min(steps[i + 1][0] if i + 1 < len(steps) else math.inf, until_s)
+        if lim is not None and end > start:
+            total += (end - start) * lim / 60.0
+    return total
+
+
+def summarise(stats: RunStats, scenario: Scenario, bound: LowerBound) -> dict[str, Any]:
+    """The results columns of one policy's run."""
+    util = float("nan")
+    if bound.binding_class is not None and math.isfinite(stats.makespan_s):
+        served = integrated_limit(scenario, bound.binding_class, stats.makespan_s)
+        used = stats.consumed.get(bound.binding_class.value, 0.0)
+        util = used / served if served > 0 else float("nan")
+    ratio = stats.makespan_s / bound.seconds if bound.seconds > 0 else float("nan")
+    return {
+        "makespan_s": round(stats.makespan_s, 1),
+        "lower_bound_s": round(bound.seconds, 1),
+        "ratio": round(ratio, 3),
+        "calls": stats.calls,
+        "http_429": stats.http_429,
+        "rate_429": round(stats.http_429 / stats.calls, 5) if stats.calls else 0.0,
+        "utilisation": round(util, 3) if not np.isnan(util) else None,
+        "peak_fleet": stats.peak_fleet,
+        "ticks": stats.ticks,
+        "mean_fleet": round(stats.fleet_s / stats.makespan_s, 1) if stats.makespan_s else 0.0,
+        "pacer_wait_s_per_call": round(stats.pacer_wait_s / stats.calls, 3) if stats.calls else 0,
+        "binding_limit": bound.binding_class.value if bound.binding_class else None,
+    }

@@ -1,0 +1,194 @@
+"""The planner policy in the simulator: our budget controller, fleet sizing and pacer, wired up.
+
+Every tick it feeds the budget controller (``planner.budgets.step``) what the gateway would
+have seen in the window: the classified 429s and the latest rate-limit headers (per the
+scenario's header style; nothing with ``none``), pushes the budgets to the pacer
+(``planner.pacer.PacerCore``, which every call of the fleet goes through) and sizes the fleet
+with ``planner.sizing.decide`` from the live tasks' ages, the booting count and the queue.
+
+The curve: the shipped default of the trace's harness for a trace scenario; for a parametric
+harness a curve fitted (``planner.fit.fit_curve``) from simulated unthrottled samples of the
+parametric model (another seed than the run's), as production fits curves from what landed.
+Only what a real deployment knows is used: the alias config (seed, cache-counting belief), the
+provider's limit classes (which exist, not their values), headers and 429s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from planner.budgets import (
+    Budgets,
+    ControllerConfig,
+    TokenClass,
+    WindowObservation,
+    initial_state,
+    step,
+)
+from planner.classify import Classification, LimitType
+from planner.curves import HarnessCurve, default_curve
+from planner.decision import Decision
+from planner.fit import fit_curve
+from planner.pacer import CallEstimate, CallUsage, PacerCore
+from planner.sizing import (
+    Caps,
+    Counting,
+    FleetState,
+    SizingConfig,
+    decide,
+    steady_state,
+)
+from sim.engine import FleetView, Gate
+from sim.scenario import Scenario
+from sim.traces import TRACE_HARNESS
+from sim.workload import Workload, build_workload
+
+HeadersNow = Callable[[float], Classification | None]
+FIT_SAMPLE_INSTANCES = 400
+
+
+def scenario_curve(scenario: Scenario) -> HarnessCurve:
+    """The curve the planner uses for the scenario's harness (see the module docstring)."""
+    trace = scenario.harness.trace
+    if trace is not None:
+        return default_curve(TRACE_HARNESS.get(trace, trace))
+    sample_scenario = scenario.model_copy(update={"instances": FIT_SAMPLE_INSTANCES})
+    sample = build_workload(sample_scenario, seed_offset=1)
+    lat = scenario.harness.latency
+    return fit_curve(
+        sample.calls_frame(),
+        f"parametric:{scenario.name}",
+        instances=sample.instances_frame(),
+        latency_base_s=lat.base,
+        latency_per_output_token_s=lat.per_output_token,
+    ).curve
+
+
+class PacerGate:
+    """``planner.pacer.PacerCore`` as the simulator's gate (call ids are call indices)."""
+
+    def __init__(self, core: PacerCore, workload: Workload) -> None:
+        self.core = core
+        self._uncached = (workload.input - workload.cached).tolist()
+        self._cached = workload.cached.tolist()
+        self._output = workload.output.tolist()
+
+    def offer(self, now: float, call: int) -> bool:
+        est = CallEstimate(self._uncached[call], self._cached[call], self._output[call])
+        return self.core.request(str(call), est, now).admitted
+
+    def release(self, now: float, call: int, ok: bool) -> None:
+        usage = (
+            CallUsage(self._uncached[call], self._cached[call], self._output[call]) if ok else None
+        )
+        self.core.release(str(call), usage, now)
+
+    @property
+    def waiting(self) -> int:
+        return self.core.queue_len
+
+    def admit_ready(self, now: float) -> list[int]:
+        return [int(c) for c in self.core.poll(now)]
+
+    def next_time(self, now: float) -> float | None:
+        nt = self.core.next_ready_at(now)
+        if nt is None or nt == float("inf"):
+            return None
+        return nt
+
+
+class PlannerPolicy:
+    """Ours: budget controller + sizing + pacer (see the module docstring)."""
+
+    name = "planner"
+    reads_headers = True
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        workload: Workload,
+        headers_now: HeadersNow,
+        *,
+        sizing: SizingConfig | None = None,
+        controller: ControllerConfig | None = None,
+        burst_s: float = 2.0,
+        curve: HarnessCurve | None = None,
+    ) -> None:
+        ac = scenario.alias_config
+        self.token_class: TokenClass = "combined" if scenario.provider.tpm is not None else "input"
+        seed = Budgets(
+            calls_per_s=ac.calls_per_s,
+            tokens_per_s=ac.tokens_per_s,
+            output_tokens_per_s=ac.output_tokens_per_s,
+            inflight_tokens=ac.inflight_tokens,
+        )
+        self.controller = controller or ControllerConfig()
+        self.state = initial_state(
+            seed,
+            0.0,
+            seeded_at=-ac.seeded_hours_ago * 3600.0,
+            cached_input_counts=ac.cached_input_counts,
+            token_class=self.token_class,
+            config=self.controller,
+        )
+        self.sizing = sizing or SizingConfig(
+            boot_s=(scenario.harness.boot_s.min + scenario.harness.boot_s.max) / 2.0
+        )
+        self.counting = Counting(
+            cached_input_counts=ac.cached_input_counts, combined=self.token_class == "combined"
+        )
+        self.caps = Caps(
+            static=scenario.caps.static, run=scenario.caps.run, override=scenario.caps.override
+        )
+        self.curve = curve or scenario_curve(scenario)
+        self.steady = steady_state(
+            self.curve, self.counting, self.sizing.boot_s, self.sizing.integration_age_s
+        )
+        self.pacer = PacerCore(
+            self.state.budgets,
+            burst_s,
+            token_class=self.token_class,
+            cached_input_counts=ac.cached_input_counts,
+        )
+        self.gate: Gate | None = PacerGate(self.pacer, workload)
+        self.headers_now = headers_now
+        self._throttles: list[tuple[LimitType, float | None]] = []
+        self._answered = 0
+        self.decisions: list[Decision] = []
+
+    def on_response(self, now: float, call: int, classification: Classification | None) -> None:
+        if classification is None:
+            self._answered += 1
+            return
+        self._throttles.append((classification.limit_type, classification.retry_after_s))
+
+    def tick(self, fleet: FleetView) -> int:
+        now = fleet.now
+        observed = None
+        if self._answered or self._throttles:
+            view = self.headers_now(now)
+            observed = dict(view.limits) if view is not None and view.limits else None
+        obs = WindowObservation(now=now, throttles=tuple(self._throttles), observed_limits=observed)
+        self._throttles.clear()
+        self._answered = 0
+        self.state, actions = step(self.state, obs, self.controller)
+        self.pacer.set_budgets(self.state.budgets, now)
+        decision = decide(
+            FleetState(
+                now=now,
+                ages=fleet.ages,
+                booting=fleet.booting,
+                queued=fleet.queued,
+                paused=actions.pause_run,
+                in_cooldown=self.state.in_cooldown(now),
+                stale=actions.stale,
+            ),
+            self.curve,
+            self.state.budgets,
+            self.counting,
+            self.caps,
+            self.sizing,
+            self.steady,
+        )
+        self.decisions.append(decision)
+        return decision.ceiling
