@@ -110,7 +110,7 @@ def make_engine(url: str, *, pool_size: int = 10, max_overflow: int = 20) -> Eng
             pool_size=pool_size,
             max_overflow=max_overflow,
             pool_timeout=30,
-            pool_pre_ping=True,
+            pool_pre_ping=False,
             pool_recycle=1800,
             connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S},
         )

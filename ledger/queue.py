@@ -12,11 +12,16 @@ Invariants kept by every function here (a hypothesis state machine checks them):
 * an attempt that fails for an infrastructure reason (``requeue``, expired lease) returns the
   instance to ``queued``, or ends it ``lost`` once the run's ``max_attempts`` claims are used.
 
-Concurrency: on PostgreSQL a claim is one ``UPDATE ... RETURNING`` statement whose candidates
-come from ``SELECT ... FOR UPDATE SKIP LOCKED`` and whose clock is the database's ``now()``.
+Concurrency: on PostgreSQL claim, heartbeat and land are each ONE statement run in autocommit
+mode (one round trip): claim picks its rows with ``SELECT ... FOR UPDATE SKIP LOCKED`` and every
+deadline uses the database's ``now()``, never the worker's clock. A claim commits with
+``synchronous_commit = off``: if the database crashes and forgets a claim, the worker's token is
+unknown, so its heartbeat/landing is refused and the job is simply claimed again — nothing is
+lost or doubled. Landings commit synchronously (a landed result is durable).
 On SQLite every write transaction starts with ``BEGIN IMMEDIATE`` (``ledger.db``), the single
 writer lock. Pause flags and the run's state are read inside the claim statement itself.
-The reaper (``expire``) is called by the supervisor; ``claim`` only takes jobs without a lease.
+The reaper (``ledger.reaper.expire``) is called by the supervisor; ``claim`` only takes jobs
+without a lease.
 """
 
 from __future__ import annotations
@@ -152,9 +157,12 @@ def claim(
     if not 1 <= k <= MAX_CLAIM:
         raise ConfigError("claim", [f"k: must be between 1 and {MAX_CLAIM}"])
     vt = visibility(visibility_timeout_s)
-    with write_transaction(engine) as conn:
-        if conn.dialect.name == "postgresql":
+    if engine.dialect.name == "postgresql":
+        # One statement, atomic on its own: run it in autocommit mode (one round trip).
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             return _claim_postgresql(conn, pool, k, vt)
+    with write_transaction(engine) as conn:
         return _claim_sqlite(conn, pool, k, vt)
 
 
@@ -170,6 +178,11 @@ def _stale(lease: Lease, what: str = "refused") -> StaleLease:
 
 def _refuse(conn: Connection, lease: Lease, target: InstanceState) -> None:
     """Explain why a guarded update of the lease's instance matched nothing, by raising."""
+    current = conn.execute(
+        select(Job.id).where(Job.id == lease.job_id, Job.lease_token == lease.token)
+    ).first()
+    if current is None:
+        raise _stale(lease)
     row = conn.execute(
         select(InstanceResult.state, InstanceResult.lease_token).where(
             InstanceResult.run_id == lease.run_id,
@@ -216,14 +229,16 @@ def heartbeat(
 ) -> datetime:
     """Extend the lease by the visibility timeout; returns the new deadline. StaleLease if lost."""
     vt = visibility(visibility_timeout_s)
-    with write_transaction(engine) as conn:
-        if conn.dialect.name == "postgresql":
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             row = conn.execute(
                 sql.PG_HEARTBEAT, {"vt": vt, "job_id": lease.job_id, "token": lease.token}
             ).first()
-            if row is None:
-                raise _stale(lease)
-            return as_utc(row[0])
+        if row is None:
+            raise _stale(lease)
+        return as_utc(row[0])
+    with write_transaction(engine) as conn:
         now = host_now()
         deadline = now + timedelta(seconds=vt)
         keys = {"job_id": lease.job_id, "token": lease.token}
@@ -308,15 +323,18 @@ def land(engine: Engine, lease: Lease, outcome: Outcome) -> None:
         "error_detail": outcome.error_detail,
         "patch": outcome.patch,
     }
-    with write_transaction(engine) as conn:
-        if conn.dialect.name == "postgresql":
+    if engine.dialect.name == "postgresql":
+        # One statement that changes all or nothing: autocommit, one round trip.
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             deleted, landed = conn.execute(_PG_LAND[outcome.state], params).one()
-        else:
-            deleted = len(conn.execute(sql.SQLITE_LAND_JOB, params).all())
-            if deleted:
-                params["now"] = sqlite_timestamp(host_now())
-                landed = len(conn.execute(_SQLITE_LAND[outcome.state], params).all())
-        if not deleted:
-            raise _stale(lease, "landing refused")
-        if not landed:
+            if not (deleted and landed):
+                _refuse(conn, lease, outcome.state)
+        return
+    with write_transaction(engine) as conn:
+        params["now"] = sqlite_timestamp(host_now())
+        if not conn.execute(_SQLITE_LAND[outcome.state], params).all():
             _refuse(conn, lease, outcome.state)
+        if not conn.execute(sql.SQLITE_LAND_JOB, params).all():
+            # raising rolls the instance row back too
+            raise _stale(lease, "landing refused")

@@ -29,7 +29,7 @@ def _claimable_jobs(now: str) -> str:
       AND EXISTS (SELECT 1 FROM runs r WHERE r.id = j.run_id AND r.state IN ({_CLAIMABLE}))
       AND NOT EXISTS (SELECT 1 FROM pause_flags p
                       WHERE p.paused AND p.scope = 'run' AND p.target = j.run_id)
-    ORDER BY j.visible_at, j.id
+    ORDER BY j.visible_at
     LIMIT :k"""
 
 
@@ -51,7 +51,8 @@ WITH picked AS ({_claimable_jobs("now()")}
     FROM leased l
     WHERE ir.run_id = l.run_id AND ir.instance_id = l.instance_id AND ir.state = '{_QUEUED}'
 )
-SELECT id, run_id, instance_id, stage, lease_token, receive_count, visible_at FROM leased
+SELECT l.id, l.run_id, l.instance_id, l.stage, l.lease_token, l.receive_count, l.visible_at
+FROM leased l, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 """
 )
 
@@ -86,21 +87,29 @@ _LAND_SET = """state = :state, finished_at = {now}, input_tokens = :input_tokens
 
 
 def pg_land(target: InstanceState) -> TextClause:
-    """One statement: delete the job if the token is current and write the terminal row.
+    """One statement: if the lease is current and the instance may end as ``target``, write the
+    terminal row and delete the job; otherwise change nothing.
 
-    Returns one row (jobs deleted, instance rows landed), so the caller can tell a stale lease
-    (0, 0) from an illegal transition (1, 0) and roll back.
+    Locks the job and instance rows first (a concurrent reaper either already changed the token
+    — then nothing matches — or skips the locked job). Returns one row (jobs deleted, instance
+    rows landed): (1, 1) or (0, 0), so it is safe in autocommit mode.
     """
     return text(
         f"""
-WITH gone AS (
-    DELETE FROM jobs WHERE id = :job_id AND lease_token = :token RETURNING run_id, instance_id
+WITH target AS (
+    SELECT ir.id FROM instance_results ir
+    JOIN jobs j ON j.run_id = ir.run_id AND j.instance_id = ir.instance_id
+    WHERE j.id = :job_id AND j.lease_token = :token
+      AND ir.lease_token = :token AND ir.state IN ({_sources(target)})
+    FOR UPDATE
 ), landed AS (
     UPDATE instance_results ir SET {_LAND_SET.format(now="now()", alias="ir.")}
-    FROM gone
-    WHERE ir.run_id = gone.run_id AND ir.instance_id = gone.instance_id
-      AND ir.lease_token = :token AND ir.state IN ({_sources(target)})
+    FROM target WHERE ir.id = target.id
     RETURNING ir.id
+), gone AS (
+    DELETE FROM jobs WHERE id = :job_id AND lease_token = :token
+      AND EXISTS (SELECT 1 FROM landed)
+    RETURNING id
 )
 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM landed)
 """
@@ -113,7 +122,7 @@ SQLITE_LAND_JOB: TextClause = text(
 
 
 def sqlite_land(target: InstanceState) -> TextClause:
-    """Write the terminal row (after ``SQLITE_LAND_JOB`` deleted the job, same transaction)."""
+    """Write the terminal row (then ``SQLITE_LAND_JOB`` deletes the job, same transaction)."""
     return text(
         f"""
 UPDATE instance_results SET {_LAND_SET.format(now=":now", alias="")}
