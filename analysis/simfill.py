@@ -138,6 +138,14 @@ class _RecordingGate:
     def next_time(self, now: float) -> float | None:
         return self.inner.next_time(now)
 
+    @property
+    def waiting(self) -> int:
+        return self.inner.waiting
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else the engine asks of its gate is the inner gate's business.
+        return getattr(self.inner, name)
+
 
 class _Recorder:
     """A policy that delegates to ``inner`` and records attempts, answers and ticks."""
