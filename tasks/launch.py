@@ -13,14 +13,12 @@ two racing launches are settled by the unique index on ``runs.idempotency_key``.
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from evalfleet.documents import parse_document
+from evalfleet.config_sources import resolve_config
 from evalfleet.errors import ConfigError
 from evalfleet.runconfig import RunConfig
 from evalfleet.states import RunState
@@ -43,36 +41,13 @@ def read_config(
         source, source_key = None, None
     else:
         assert config_uri is not None
-        cfg, source_key = _read_uri(config_uri)
-        source = config_uri
+        resolved = resolve_config(config_uri)  # size/HEAD checks, version-pinned source and key
+        cfg, source, source_key = resolved.config, resolved.source, resolved.idempotency_key
     # adapter options are checked now, before anything is written
     make_harness(cfg.harness.name, cfg.harness.options)
     if cfg.evaluator is not None:
         make_evaluator(cfg.evaluator.name, cfg.evaluator.options)
     return cfg, source, source_key
-
-
-def _read_uri(uri: str) -> tuple[RunConfig, str | None]:
-    parsed = urlparse(uri)
-    if parsed.scheme in ("", "file"):
-        return RunConfig.from_file(Path(parsed.path if parsed.scheme else uri)), None
-    if parsed.scheme != "s3" or not parsed.netloc or not parsed.path.strip("/"):
-        raise ConfigError("config_uri", [f"must be a file path or s3://bucket/key, got {uri!r}"])
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    bucket, key = parsed.netloc, parsed.path.lstrip("/")
-    try:
-        obj = boto3.client("s3").get_object(Bucket=bucket, Key=key)
-        body = obj["Body"].read(1_048_577)
-    except (BotoCoreError, ClientError) as exc:
-        raise ConfigError(uri, [f"cannot read the object: {type(exc).__name__}"]) from None
-    if len(body) > 1_048_576:
-        raise ConfigError(uri, ["the config is larger than 1 MiB"])
-    fmt = "json" if key.endswith(".json") else "yaml"
-    data = parse_document(body.decode("utf-8", errors="replace"), uri, fmt)
-    version = obj.get("VersionId") or obj.get("ETag", "").strip('"')
-    return RunConfig.from_mapping(data, None, source=uri), f"s3://{bucket}/{key}#{version}"
 
 
 def existing_run(idempotency_key: str) -> str | None:
