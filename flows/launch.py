@@ -31,7 +31,7 @@ def launch_run(
     if not created:
         return run_id
     try:
-        keys.mint_keys(run_id, cfg.caps.spend_micro_usd)
+        keys.mint_keys(run_id, cfg.alias, cfg.caps.spend_micro_usd)
         launch.enqueue_run(run_id, cfg.instances)
     except Exception as exc:
         keys.revoke_keys(run_id)

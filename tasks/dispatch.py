@@ -16,6 +16,8 @@ default); ``WorkPoolLauncher`` creates a flow run of the run-instance deployment
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
 import threading
@@ -26,11 +28,12 @@ from typing import Any, Protocol
 
 from sqlalchemy import func, select
 
+from evalfleet.errors import StaleLease
 from evalfleet.states import INSTANCE_LEASED, RUN_CLAIMABLE
 from ledger.models import InstanceResult, Job, PauseFlag, PlannerDecision, Run
 from ledger.queue import Lease, claim
 from planner.shares import RunDemand, fair_shares
-from tasks.instance import JobRef
+from tasks.instance import JobRef, requeue
 from tasks.ledger_io import engine
 
 log = logging.getLogger(__name__)
@@ -179,10 +182,21 @@ class InProcessLauncher:
             return self._threads - len(self._inflight)
 
     def launch(self, ref: JobRef) -> None:
-        future = self._pool.submit(self._run, ref)
+        # the caller's context (Prefect settings, the dispatcher flow run) goes with the thread
+        context = contextvars.copy_context()
+        future = self._pool.submit(context.run, self._run_one, ref)
         with self._lock:
             self._inflight.add(future)
         future.add_done_callback(self._done)
+
+    def _run_one(self, ref: JobRef) -> Any:
+        try:
+            return self._run(ref)
+        except Exception as exc:
+            # the flow requeues what fails inside it; this catches a flow that never started
+            with contextlib.suppress(StaleLease):
+                requeue(ref.lease(), exc)
+            raise
 
     def _done(self, future: Future[Any]) -> None:
         with self._lock:

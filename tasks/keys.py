@@ -14,9 +14,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import SecretStr
+from sqlalchemy import select
 
 from evalfleet.errors import KeyManagementError
 from evalfleet.settings import get_settings
+from gateway.aliases import load_aliases
 from gateway.keys import (
     KeyMinter,
     PrefectSecretKeyMinter,
@@ -25,9 +27,8 @@ from gateway.keys import (
     mint_run_keys,
     revoke_run_keys,
 )
-from tasks.ledger_io import sessions
-
-STATIC_PROVIDER_KEY_BLOCK = "evalfleet-provider-key"
+from ledger.models import Run
+from tasks.ledger_io import engine, sessions
 
 
 def gateway_key_block(run_id: str) -> str:
@@ -35,15 +36,28 @@ def gateway_key_block(run_id: str) -> str:
     return f"evalfleet-run-{run_id.lower()}-gateway-key"
 
 
-def key_minter() -> KeyMinter:
-    """The provider's admin API when an admin key is set, else the static key block."""
+def key_minter(alias_name: str) -> KeyMinter:
+    """The alias's minter: the provider's admin API, or its static key's Secret block."""
     settings = get_settings()
-    if settings.provider_admin_key is not None:
-        return ProviderAdminKeyMinter(settings.provider_sim_url, settings.provider_admin_key)
-    return PrefectSecretKeyMinter(STATIC_PROVIDER_KEY_BLOCK)
+    alias = load_aliases(settings.aliases_file, provider_sim_url=settings.provider_sim_url).get(
+        alias_name
+    )
+    if alias.key_minter == "prefect_secret":
+        return PrefectSecretKeyMinter(alias.static_key_block or "")
+    if settings.provider_admin_key is None:
+        raise KeyManagementError(
+            f"alias {alias_name} mints keys through the provider's admin API: "
+            "set EVALFLEET_PROVIDER_ADMIN_KEY"
+        )
+    return ProviderAdminKeyMinter(settings.provider_sim_url, settings.provider_admin_key)
 
 
-def mint_keys(run_id: str, spend_cap_micro_usd: int) -> None:
+def _run_alias(run_id: str) -> str:
+    with engine().connect() as conn:
+        return str(conn.execute(select(Run.alias).where(Run.id == run_id)).scalar_one())
+
+
+def mint_keys(run_id: str, alias: str, spend_cap_micro_usd: int) -> None:
     """Mint the run's provider and gateway keys; keep the raw gateway key in its Secret block."""
     from prefect.blocks.system import Secret
 
@@ -51,7 +65,7 @@ def mint_keys(run_id: str, spend_cap_micro_usd: int) -> None:
         sessions(),
         run_id=run_id,
         spend_cap_micro_usd=spend_cap_micro_usd,
-        minter=key_minter(),
+        minter=key_minter(alias),
         store=PrefectSecretKeyStore(),
         now=datetime.now(UTC),
         ttl_s=get_settings().key_ttl_s,
@@ -80,7 +94,7 @@ def revoke_keys(run_id: str) -> list[str]:
     revoked = revoke_run_keys(
         sessions(),
         run_id,
-        minter=key_minter(),
+        minter=key_minter(_run_alias(run_id)),
         store=PrefectSecretKeyStore(),
         now=datetime.now(UTC),
     )

@@ -1,0 +1,98 @@
+"""A whole run on the embedded stack: launch-run → dispatcher (in-process launcher) → instances
+through the real gateway and simulated provider → supervisor closes the run and revokes keys."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from evalfleet.errors import ConfigError, KeyManagementError
+from flows.dispatch import dispatcher_loop
+from flows.launch import launch_run
+from flows.supervisor import supervise_once
+from ledger.models import ApiKey, InstanceResult, Job, LlmCall, Run
+from tasks import ledger_io
+from tasks.keys import load_gateway_key
+
+pytestmark = [pytest.mark.postgres, pytest.mark.prefect, pytest.mark.slow]
+
+
+def config(n: int, **over) -> dict:
+    return {
+        "name": "e2e",
+        "harness": {
+            "name": "simulated",
+            "options": {
+                "calls_median": 3,
+                "calls_sigma": 0.0,
+                "think_s": 0.05,
+                "token_scale": 0.05,
+            },
+        },
+        "evaluator": {"name": "simulated", "options": {"duration_s": 0.0, "resolve_rate": 0.5}},
+        "alias": "sim-openai",
+        "instances": [f"inst-{i}" for i in range(n)],
+        "caps": {"spend_usd": 5.0},
+        **over,
+    }
+
+
+def test_a_run_lands_every_instance_once_and_closes_with_keys_revoked(e2e_env) -> None:
+    e2e_env()
+    run_id = launch_run(config=config(6), idempotency_key="e2e-1")
+    assert launch_run(config=config(6), idempotency_key="e2e-1") == run_id  # idempotent
+    engine = ledger_io.engine()
+    with engine.connect() as conn:
+        assert conn.execute(select(Run.state).where(Run.id == run_id)).scalar_one() == "running"
+        assert conn.execute(select(func.count()).select_from(Job)).scalar_one() == 6
+    assert dispatcher_loop(launcher="in-process", until_idle=True, max_passes=600) == 6
+    supervise_once(scale_eval_pool=False)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(InstanceResult.state, InstanceResult.calls, InstanceResult.cost_micro_usd).where(
+                InstanceResult.run_id == run_id
+            )
+        ).all()
+        assert len(rows) == 6
+        assert {state for state, _, _ in rows} <= {"resolved", "unresolved"}
+        assert all(calls == 3 for _, calls, _ in rows)
+        assert all(cost > 0 for _, _, cost in rows)
+        assert conn.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+        calls = conn.execute(
+            select(func.count()).where(LlmCall.run_id == run_id, LlmCall.status == 200)
+        ).scalar_one()
+        assert calls == 18
+        assert conn.execute(select(Run.state).where(Run.id == run_id)).scalar_one() == "closed"
+        states = conn.execute(
+            select(ApiKey.kind, ApiKey.state).where(ApiKey.run_id == run_id)
+        ).all()
+    assert sorted(states) == [("gateway", "revoked"), ("provider", "revoked")]
+    with pytest.raises(KeyManagementError):
+        load_gateway_key(run_id)
+
+
+def test_a_launch_that_fails_half_way_leaves_no_live_key(e2e_env, monkeypatch) -> None:
+    e2e_env()
+    from tasks import launch
+
+    def broken(run_id, instance_ids):
+        raise RuntimeError("queue unavailable")
+
+    monkeypatch.setattr(launch, "enqueue_run", broken)
+    with pytest.raises(RuntimeError, match="queue unavailable"):
+        launch_run(config=config(2), idempotency_key="e2e-fail")
+    with ledger_io.engine().connect() as conn:
+        run = conn.execute(
+            select(Run.id, Run.state, Run.failure_reason).where(Run.idempotency_key == "e2e-fail")
+        ).one()
+        assert run.state == "failed"
+        assert "queue unavailable" in run.failure_reason
+        keys = conn.execute(select(ApiKey.state).where(ApiKey.run_id == run.id)).scalars().all()
+    assert sorted(keys) == ["revoked", "revoked"]
+
+
+def test_a_bad_config_writes_nothing(e2e_env) -> None:
+    with pytest.raises(ConfigError, match="think_s"):
+        launch_run(config=config(2, harness={"name": "simulated", "options": {"think_s": -1}}))
+    with ledger_io.engine().connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Run)).scalar_one() == 0
