@@ -325,3 +325,59 @@ def test_curves_fit_refuses_a_thin_window_and_bad_times(
     eng = make_engine(url)
     assert list_versions(eng) == []  # nothing half-written
     eng.dispose()
+
+
+# ----------------------------------------------------------------------------- planner loop
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tasks/plan.py sizes every alias with the shipped default curve (functools.cache on "
+    "default_curve()); it must call ledger.curves.CurveCache.get(run harness) each tick",
+)
+def test_planner_loop_uses_a_version_written_before_its_next_tick(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two planner ticks at the same instant over the same fleet; between them a curve with
+    twice the token rates is written for the runs' harness. The second tick must project
+    more demand."""
+    from tasks import ledger_io, plan
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    upgrade(url)
+    monkeypatch.setenv("EVALFLEET_DATABASE_URL", url)
+    get_settings.cache_clear()
+    for cached in (getattr(ledger_io, "engine", None), getattr(ledger_io, "sessions", None)):
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+    try:
+        eng = make_engine(url)
+        with eng.begin() as conn:
+            conn.execute(
+                insert(Run).values(
+                    id="r1",
+                    name="r1",
+                    harness="mini-swe-agent",
+                    alias="sim-openai",
+                    state="running",
+                    spend_cap_micro_usd=10**9,
+                    max_attempts=3,
+                    config={},
+                    created_at=T0,
+                )
+            )
+        for k in range(10):
+            _instance(eng, "r1", f"i{k}", "running", -60.0 * k, None)
+        now = T0 + timedelta(minutes=1)
+        first = plan.plan_tick(now, False)["sim-openai"]
+        params = default_curve().to_params()
+        for key in ("cached_input_tokens_per_s", "uncached_input_tokens_per_s"):
+            params["rates"][key] = [2 * v for v in params["rates"][key]]
+        write_curve(
+            eng, HarnessCurve.from_params(params), sample_count=1, fit_quality={}, source="x2"
+        )
+        second = plan.plan_tick(now, False)["sim-openai"]
+        eng.dispose()
+    finally:
+        get_settings.cache_clear()
+    assert second.projections["tokens_per_s"] > 1.5 * first.projections["tokens_per_s"]
