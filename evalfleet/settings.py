@@ -298,3 +298,15 @@ def export_settings(**values: str) -> Settings:
 def child_environment(**extra: str) -> dict[str, str]:
     """This process's environment plus ``extra``: for servers and workers it starts."""
     return {**os.environ, **extra}
+
+
+def export_environment(values: dict[str, str]) -> None:
+    """Set non-evalfleet variables (e.g. ``PREFECT_API_URL``) for this process and its children.
+
+    For commands that start servers themselves (``evalfleet demo``); evalfleet's own settings go
+    through ``export_settings`` so that they are validated.
+    """
+    bad = [k for k in values if k.startswith("EVALFLEET_")]
+    if bad:
+        raise SettingsError(f"use export_settings for {', '.join(sorted(bad))}")
+    os.environ.update(values)
