@@ -20,8 +20,8 @@ plan_tick = task(name="plan-tick")(plan.plan_tick)
 
 
 @flow(name="planner", persist_result=False)
-def planner_loop(max_ticks: int | None = None) -> int:
-    """Tick until stopped (or ``max_ticks``); returns the number of ticks made."""
+def planner_loop(max_ticks: int | None = None, until_idle: bool = False) -> int:
+    """Tick until stopped, ``max_ticks``, or (``until_idle``) no claimable run is left."""
     settings = get_settings()
     ticks = 0
     next_at = time.monotonic()
@@ -35,6 +35,8 @@ def planner_loop(max_ticks: int | None = None) -> int:
                 description="Latest planner decision per alias",
             )
         ticks += 1
+        if until_idle and not decisions:
+            break
         next_at += settings.planner_tick_s
         time.sleep(max(0.0, next_at - time.monotonic()))
     return ticks

@@ -21,8 +21,8 @@ snapshot = task(name="capacity-snapshot")(supervise.snapshot_capacity)
 scale_eval = task(name="scale-eval-pool")(supervise.scale_eval_pool)
 
 
-def supervise_once(scale_eval_pool: bool) -> None:
-    """One supervisor tick."""
+def supervise_once(scale_eval_pool: bool) -> int:
+    """One supervisor tick; returns how many runs are still running or draining."""
     settings = get_settings()
     reap()
     complete_runs()
@@ -30,17 +30,22 @@ def supervise_once(scale_eval_pool: bool) -> None:
     counts = supervise.pool_counts()
     limit = scale_eval(counts["eval"]["queued"]) if scale_eval_pool else 0
     snapshot({"harness": settings.static_cap, "eval": limit})
+    return supervise.open_runs()
 
 
 @flow(name="supervisor", persist_result=False)
-def supervisor_loop(max_ticks: int | None = None, scale_eval_pool: bool = True) -> int:
-    """Tick until stopped (or ``max_ticks``); returns the number of ticks made."""
+def supervisor_loop(
+    max_ticks: int | None = None, scale_eval_pool: bool = True, until_idle: bool = False
+) -> int:
+    """Tick until stopped, ``max_ticks``, or (``until_idle``) no run is open any more."""
     settings = get_settings()
     ticks = 0
     next_at = time.monotonic()
     while max_ticks is None or ticks < max_ticks:
-        supervise_once(scale_eval_pool)
+        still_open = supervise_once(scale_eval_pool)
         ticks += 1
+        if until_idle and not still_open:
+            break
         next_at += settings.supervisor_tick_s
         time.sleep(max(0.0, next_at - time.monotonic()))
     return ticks

@@ -212,3 +212,17 @@ def scale_eval_pool(queued: int) -> int:
         if pool.concurrency_limit != target:
             client.update_work_pool(s.eval_pool, WorkPoolUpdate(concurrency_limit=target))
     return target
+
+
+def open_runs() -> int:
+    """How many runs are still running, paused or draining."""
+    with engine().connect() as conn:
+        return int(
+            conn.execute(
+                select(func.count()).where(
+                    Run.state.in_(
+                        (RunState.RUNNING.value, RunState.PAUSED.value, RunState.DRAINING.value)
+                    )
+                )
+            ).scalar_one()
+        )
