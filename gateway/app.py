@@ -54,7 +54,7 @@ from gateway.aliases import Alias, Aliases
 from gateway.keys import ProviderKeyStore, hash_secret
 from gateway.pacing import CallEstimate, Pacer, PacerUnavailable, Permit
 from gateway.recorder import CallRecorder, Observation
-from gateway.spend import Reservation, reserve, settle
+from gateway.spend import Reservation, Settler, SpendStore
 from gateway.tokens import count_prompt_tokens, requested_max_tokens
 from ledger.db import session_factory
 from ledger.pauses import is_paused
@@ -179,6 +179,8 @@ class Gateway:
         self.pacer = pacer
         self.max_retry_wait_s = max_retry_wait_s
         self.recorder = CallRecorder(self.sessions)
+        self.spend = SpendStore(engine)
+        self.settler = Settler(self.spend)
         self._transport = transport
         self._timeout = upstream_timeout_s
         self._pause_refresh_s = pause_refresh_s
@@ -210,6 +212,7 @@ class Gateway:
         )
         await self.pacer.start()
         self.recorder.start()
+        self.settler.start()
         await self._refresh_pause()
         self._pause_task = asyncio.create_task(self._pause_loop(), name="evalfleet-pause-watch")
 
@@ -218,15 +221,18 @@ class Gateway:
             self._pause_task.cancel()
             await asyncio.gather(self._pause_task, return_exceptions=True)
         await self.drain()
+        await self.settler.close()
         await self.recorder.close()
         await self.pacer.close()
         if self._client is not None:
             await self._client.aclose()
+        await self.spend.close()
 
     async def drain(self) -> None:
         """Wait for pending settlements, then write pending rows."""
         while self._settling:
             await asyncio.gather(*list(self._settling), return_exceptions=True)
+        await self.settler.flush()
         await self.recorder.flush()
 
     def _lifespan(self, _app: Starlette) -> Any:
@@ -309,9 +315,7 @@ class Gateway:
         input_tokens = count_prompt_tokens(body)
         worst_case = alias.worst_case_cost(input_tokens, max_tokens)
         try:
-            reservation = await asyncio.to_thread(
-                reserve, self.sessions, hash_secret(secret), worst_case, requested_at
-            )
+            reservation = await self.spend.reserve(hash_secret(secret), worst_case, requested_at)
         except KeyRejected as exc:
             return _unauthorized(flavour, f"{exc}: not forwarded")
         except SpendCapExceeded as exc:
@@ -396,11 +400,9 @@ class Gateway:
             raw = await upstream.aread()
             await upstream.aclose()
             latency = time.monotonic() - started
-            now_epoch = self._clock()
-            verdict = classify(upstream.status_code, upstream.headers, raw, now_epoch=now_epoch)
-            self._observe(call, upstream, verdict.limit_type, verdict.limits, verdict.remaining)
             out_headers = passthrough_headers(upstream.headers)
             if upstream.status_code == 200:
+                self._observe(call, upstream, LimitType.NONE, None, None)
                 try:
                     usage_from_body(call.flavour, json.loads(raw), call.usage)
                 except ValueError:
@@ -410,6 +412,8 @@ class Gateway:
                 return Response(
                     raw, status_code=200, headers=out_headers, media_type="application/json"
                 )
+            verdict = classify(upstream.status_code, upstream.headers, raw, now_epoch=self._clock())
+            self._observe(call, upstream, verdict.limit_type, verdict.limits, verdict.remaining)
             limit = None if verdict.limit_type is LimitType.NONE else verdict.limit_type.value
             self._record(call, upstream.status_code, latency, limit)
             wait = verdict.retry_after_s if verdict.retry_after_s is not None else 1.0
@@ -553,10 +557,14 @@ class Gateway:
                 observed_at=now,
                 status=upstream.status_code,
                 headers=headers,
-                limits={
-                    "limits": {str(k): v for k, v in (limits or {}).items()},
-                    "remaining": {str(k): v for k, v in (remaining or {}).items()},
-                },
+                limits=(
+                    {
+                        "limits": {str(k): v for k, v in limits.items()},
+                        "remaining": {str(k): v for k, v in (remaining or {}).items()},
+                    }
+                    if limits
+                    else {}
+                ),
                 last_limit_type=limit_type.value if limited else None,
                 last_limited_at=now if limited else None,
             )
@@ -584,14 +592,7 @@ class Gateway:
                 else None
             )
             await self.pacer.settle(permit, usage)
-        try:
-            await asyncio.to_thread(settle, self.sessions, call.reservation, cost)
-        except SQLAlchemyError as exc:
-            log.error(
-                "settling run %s's reservation failed: %s",
-                call.reservation.run_id,
-                type(exc).__name__,
-            )
+        self.settler.add(call.reservation, cost)
 
 
 def _presented_key(request: Request) -> str | None:

@@ -23,6 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ledger.models import AliasObservation, LlmCall
+from planner.classify import parse_rate_limit_headers
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,15 @@ class Observation:
     limits: dict[str, Any]
     last_limit_type: str | None = None
     last_limited_at: datetime | None = None
+
+
+def parsed_limits(obs: Observation) -> dict[str, Any]:
+    """Limits and remaining per class as the headers state them (parsed at flush, not per call)."""
+    hdrs = parse_rate_limit_headers(obs.headers, now_epoch=obs.observed_at.timestamp())
+    return {
+        "limits": {str(k): v for k, v in hdrs.limits.items()},
+        "remaining": {str(k): v for k, v in hdrs.remaining.items()},
+    }
 
 
 @dataclass
@@ -106,7 +116,7 @@ class CallRecorder:
                         observed_at=obs.observed_at,
                         status=obs.status,
                         headers=obs.headers,
-                        limits=obs.limits,
+                        limits=obs.limits or parsed_limits(obs),
                         last_limit_type=obs.last_limit_type,
                         last_limited_at=obs.last_limited_at,
                     )
