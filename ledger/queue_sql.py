@@ -90,18 +90,22 @@ def pg_land(target: InstanceState) -> TextClause:
     """One statement: if the lease is current and the instance may end as ``target``, write the
     terminal row and delete the job; otherwise change nothing.
 
-    Locks the job and instance rows first (a concurrent reaper either already changed the token
-    — then nothing matches — or skips the locked job). Returns one row (jobs deleted, instance
-    rows landed): (1, 1) or (0, 0), so it is safe in autocommit mode.
+    Locks the job row, then the instance row (the order every other step uses, so a landing
+    racing the reaper cannot deadlock: the reaper either changed the token first — then nothing
+    matches — or skips the locked job). Returns one row (jobs deleted, instance rows landed):
+    (1, 1) or (0, 0), never half, so it is safe in autocommit mode.
     """
     return text(
         f"""
-WITH target AS (
-    SELECT ir.id FROM instance_results ir
-    JOIN jobs j ON j.run_id = ir.run_id AND j.instance_id = ir.instance_id
-    WHERE j.id = :job_id AND j.lease_token = :token
-      AND ir.lease_token = :token AND ir.state IN ({_sources(target)})
+WITH job AS (
+    SELECT id, run_id, instance_id FROM jobs
+    WHERE id = :job_id AND lease_token = :token
     FOR UPDATE
+), target AS (
+    SELECT ir.id FROM instance_results ir, job
+    WHERE ir.run_id = job.run_id AND ir.instance_id = job.instance_id
+      AND ir.lease_token = :token AND ir.state IN ({_sources(target)})
+    FOR UPDATE OF ir
 ), landed AS (
     UPDATE instance_results ir SET {_LAND_SET.format(now="now()", alias="ir.")}
     FROM target WHERE ir.id = target.id
