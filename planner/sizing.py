@@ -116,7 +116,14 @@ class SizingConfig:
 
 @dataclass(frozen=True, slots=True)
 class FleetState:
-    """The alias's fleet and flags at one tick. ``ages`` are the running tasks' ages (seconds)."""
+    """The alias's fleet and flags at one tick. ``ages`` are the running tasks' ages (seconds).
+
+    ``progress`` (0, 1] is the share of its unthrottled speed a task has progressed at (1 /
+    stretch; the gateway measures it from the pacer's waits: ``1 / (1 + wait per call / mean
+    gap between calls)``). Curves are functions of unthrottled age, so a paced task of age a
+    is projected as a task of age ``a x progress``: without it a paced fleet looks older —
+    and, for a growing curve, hungrier — than it is, and the planner under-launches.
+    """
 
     now: float
     ages: FloatArray
@@ -125,6 +132,11 @@ class FleetState:
     paused: bool = False
     in_cooldown: bool = False
     stale: bool = False
+    progress: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.progress <= 1.0:
+            raise ValueError("progress must be in (0, 1]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +299,8 @@ def decide(
     o_max = 1.0 + (config.max_wait_s / steady.mean_gap_s if steady.mean_gap_s > 0 else 0.0)
     o_max = max(o_max, config.overdrive)
 
-    proj = project(curve, fleet.ages, counting, config, steady, refill=1.0)
+    ages = fleet.ages * fleet.progress if fleet.progress != 1.0 else fleet.ages
+    proj = project(curve, ages, counting, config, steady, refill=1.0)
     k, binding, saturating = _size(proj, budgets, fleet.booting, config, o_max)
     expected_finishes = proj.live_finishes + max(k + fleet.booting, 0) * float(
         1.0 - curve.survival(np.array([max(config.horizon_s - config.boot_s, 0.0)]))[0]
@@ -295,7 +308,7 @@ def decide(
     spare = fleet.queued - max(k, 0)
     if spare < expected_finishes:
         refill = max(spare, 0) / expected_finishes if expected_finishes > 0 else 0.0
-        proj = project(curve, fleet.ages, counting, config, steady, refill=refill)
+        proj = project(curve, ages, counting, config, steady, refill=refill)
         k, binding, saturating = _size(proj, budgets, fleet.booting, config, o_max)
 
     k = min(k, fleet.queued)

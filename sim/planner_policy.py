@@ -72,10 +72,18 @@ class PacerGate:
         self._uncached = (workload.input - workload.cached).tolist()
         self._cached = workload.cached.tolist()
         self._output = workload.output.tolist()
+        self._offered: dict[int, float] = {}
+        self.wait_s = 0.0
+        self.admitted = 0
 
     def offer(self, now: float, call: int) -> bool:
         est = CallEstimate(self._uncached[call], self._cached[call], self._output[call])
-        return self.core.request(str(call), est, now).admitted
+        admitted = self.core.request(str(call), est, now).admitted
+        if admitted:
+            self.admitted += 1
+        else:
+            self._offered[call] = now
+        return admitted
 
     def release(self, now: float, call: int, ok: bool) -> None:
         usage = (
@@ -88,7 +96,17 @@ class PacerGate:
         return self.core.queue_len
 
     def admit_ready(self, now: float) -> list[int]:
-        return [int(c) for c in self.core.poll(now)]
+        calls = [int(c) for c in self.core.poll(now)]
+        for call in calls:
+            self.wait_s += now - self._offered.pop(call)
+        self.admitted += len(calls)
+        return calls
+
+    def take_waits(self) -> tuple[float, int]:
+        """Seconds waited and calls admitted since the last call (the gateway's pacer figures)."""
+        out = (self.wait_s, self.admitted)
+        self.wait_s, self.admitted = 0.0, 0
+        return out
 
     def next_time(self, now: float) -> float | None:
         nt = self.core.next_ready_at(now)
@@ -150,7 +168,9 @@ class PlannerPolicy:
             token_class=self.token_class,
             cached_input_counts=ac.cached_input_counts,
         )
-        self.gate: Gate | None = PacerGate(self.pacer, workload)
+        self._pacer_gate = PacerGate(self.pacer, workload)
+        self.gate: Gate | None = self._pacer_gate
+        self.progress = 1.0
         self.headers_now = headers_now
         self._throttles: list[tuple[LimitType, float | None]] = []
         self._answered = 0
@@ -162,6 +182,15 @@ class PlannerPolicy:
             return
         self._throttles.append((classification.limit_type, classification.retry_after_s))
 
+    def _update_progress(self) -> None:
+        """Smoothed share of unthrottled speed: 1 / (1 + pacer wait per call / mean gap)."""
+        wait_s, admitted = self._pacer_gate.take_waits()
+        if admitted == 0:
+            return
+        window = 1.0 / (1.0 + (wait_s / admitted) / self.steady.mean_gap_s)
+        weight = min(1.0, self.sizing.step_s / max(self.curve.mean_duration_s(), 1.0))
+        self.progress = min(1.0, max(0.05, self.progress + weight * (window - self.progress)))
+
     def tick(self, fleet: FleetView) -> int:
         now = fleet.now
         observed = None
@@ -172,6 +201,7 @@ class PlannerPolicy:
         self._throttles.clear()
         self._answered = 0
         self.state, actions = step(self.state, obs, self.controller)
+        self._update_progress()
         self.pacer.set_budgets(self.state.budgets, now)
         decision = decide(
             FleetState(
@@ -182,6 +212,7 @@ class PlannerPolicy:
                 paused=actions.pause_run,
                 in_cooldown=self.state.in_cooldown(now),
                 stale=actions.stale,
+                progress=self.progress,
             ),
             self.curve,
             self.state.budgets,

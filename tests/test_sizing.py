@@ -1,0 +1,264 @@
+"""Fleet sizing (planner/sizing.py): the decision rules, the booting and stale-config lessons."""
+
+from __future__ import annotations
+
+import ast
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.curves import HarnessCurve, default_curve
+from planner.decision import Binding, Decision, Quantity
+from planner.sizing import (
+    Caps,
+    Counting,
+    FleetState,
+    SizingConfig,
+    decide,
+    project,
+    steady_state,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class B:
+    calls_per_s: float = 1000.0
+    tokens_per_s: float = 33_333.0
+    output_tokens_per_s: float | None = None
+    inflight_tokens: float = 1e9
+
+
+def flat_curve(calls: float = 0.2, uncached: float = 100.0, cached: float = 400.0) -> HarnessCurve:
+    """A task that calls at a constant rate and lives ~300 s (exponential survival)."""
+    return HarnessCurve.from_params(
+        {
+            "format": 1,
+            "harness": "flat",
+            "rates": {
+                "age_s": [0.0, 600.0],
+                "calls_per_s": [calls, calls],
+                "cached_input_tokens_per_s": [cached, cached],
+                "uncached_input_tokens_per_s": [uncached, uncached],
+                "output_tokens_per_s": [10.0, 10.0],
+                "inflight_tokens": [1000.0, 1000.0],
+                "inflight_calls": [0.2, 0.2],
+            },
+            "survival": {"age_s": [0.0], "value": [1.0], "tail_s": 300.0},
+            "latency": {"base_s": 1.0, "per_output_token_s": 0.01},
+        }
+    )
+
+
+def fleet(
+    ages: list[float] | np.ndarray, booting: int = 0, queued: int = 1000, **kw: bool
+) -> FleetState:
+    return FleetState(
+        now=0.0, ages=np.asarray(ages, dtype=float), booting=booting, queued=queued, **kw
+    )
+
+
+CFG = SizingConfig(boot_s=30.0)
+
+
+def test_empty_fleet_is_sized_a_little_above_the_token_budget() -> None:
+    curve = flat_curve()
+    d = decide(fleet([]), curve, B(tokens_per_s=10_000.0), Counting(), Caps(), CFG)
+    # a refilled slot draws 100 uncached tokens/s x 300/(30+300) of the time
+    slot = 100.0 * 300.0 / 330.0
+    assert d.binding is Binding.PACED
+    assert d.saturating is Quantity.TOKENS
+    assert 1.0 < d.projections["tokens_per_s"] / 10_000.0 < 1.25
+    assert d.ceiling == pytest.approx(10_000.0 * CFG.overdrive / slot, rel=0.2)
+    assert d.launches_allowed == d.ceiling
+
+
+def test_cached_tokens_counted_shrink_the_fleet_by_the_cache_share() -> None:
+    curve = flat_curve(uncached=100.0, cached=400.0)
+    uncounted = decide(fleet([]), curve, B(tokens_per_s=10_000.0), Counting(), Caps(), CFG)
+    counted = decide(
+        fleet([]), curve, B(tokens_per_s=10_000.0), Counting(cached_input_counts=True), Caps(), CFG
+    )
+    assert counted.ceiling * 4 < uncounted.ceiling < counted.ceiling * 6
+
+
+def test_booting_tasks_are_counted_and_a_blind_planner_overshoots() -> None:
+    """Lesson: booting tasks are age-0 candidates. A planner blind to them launches the
+    whole fleet again every tick while the first wave boots."""
+    curve = flat_curve()
+    budgets = B(tokens_per_s=10_000.0)
+    first = decide(fleet([]), curve, budgets, Counting(), Caps(), CFG)
+    assert first.launches_allowed > 50
+    # next tick: everything launched is still booting
+    seeing = decide(
+        fleet([], booting=first.launches_allowed), curve, budgets, Counting(), Caps(), CFG
+    )
+    assert seeing.launches_allowed <= 1
+    blind = decide(fleet([]), curve, budgets, Counting(), Caps(), CFG)  # booting not reported
+    assert blind.launches_allowed >= first.launches_allowed * 0.9  # would double the fleet
+
+
+def test_young_fleet_of_a_growing_curve_projects_its_future_token_demand() -> None:
+    """The trace curve's token rate grows with age: 100 tasks aged 0 s demand fewer tokens
+    now than 100 tasks aged 6 min, and the projection over the horizon says so."""
+    curve = default_curve()
+    steady = steady_state(curve, Counting(), CFG.boot_s, CFG.integration_age_s)
+    all_input = Counting(cached_input_counts=True)
+    young = project(curve, np.zeros(100), all_input, CFG, steady, refill=0.0)
+    old = project(curve, np.full(100, 360.0), all_input, CFG, steady, refill=0.0)
+    assert young.live[Quantity.TOKENS][0] < old.live[Quantity.TOKENS][0]
+    assert young.live[Quantity.TOKENS][-1] > young.live[Quantity.TOKENS][0]  # it grows
+
+
+def test_stale_config_never_drives_the_ceiling_to_zero_with_work_queued() -> None:
+    """Lesson: stale config. Budgets floored to almost nothing must not give a 0 ceiling."""
+    tiny = B(calls_per_s=1e-6, tokens_per_s=1e-6, inflight_tokens=1e-6)
+    naive = decide(fleet([]), flat_curve(), tiny, Counting(), Caps(), CFG)
+    assert naive.ceiling == 0  # what a planner trusting the stale numbers would do
+    d = decide(fleet([], stale=True), flat_curve(), tiny, Counting(), Caps(), CFG)
+    assert d.binding is Binding.STALE_CONFIG
+    assert d.ceiling >= 1 and d.launches_allowed >= 1
+    # with nothing queued there is nothing to launch
+    empty = decide(fleet([], queued=0, stale=True), flat_curve(), tiny, Counting(), Caps(), CFG)
+    assert empty.launches_allowed == 0 and empty.binding is Binding.NO_WORK
+
+
+def test_caps_bind_in_order_and_are_named() -> None:
+    budgets = B(tokens_per_s=1e9, calls_per_s=1e9)
+    curve = flat_curve()
+    assert decide(fleet([]), curve, budgets, Counting(), Caps(static=40), CFG).binding is (
+        Binding.AT_CAPACITY
+    )
+    d = decide(fleet([]), curve, budgets, Counting(), Caps(static=40, run=30), CFG)
+    assert (d.binding, d.ceiling) == (Binding.RUN_CAP, 30)
+    d = decide(fleet([]), curve, budgets, Counting(), Caps(static=40, run=30, override=5), CFG)
+    assert (d.binding, d.ceiling, d.launches_allowed) == (Binding.CEILING_OVERRIDE, 5, 5)
+
+
+def test_pause_cooldown_and_no_work_launch_nothing_and_kill_nothing() -> None:
+    curve = flat_curve()
+    ages = [10.0] * 20
+    paused = decide(fleet(ages, paused=True), curve, B(), Counting(), Caps(), CFG)
+    assert (paused.binding, paused.launches_allowed, paused.ceiling) == (Binding.PAUSED, 0, 20)
+    cool = decide(fleet(ages, in_cooldown=True), curve, B(), Counting(), Caps(), CFG)
+    assert (cool.binding, cool.launches_allowed, cool.ceiling) == (Binding.COOLDOWN, 0, 20)
+    idle = decide(fleet(ages, queued=0), curve, B(), Counting(), Caps(), CFG)
+    assert (idle.binding, idle.launches_allowed) == (Binding.NO_WORK, 0)
+
+
+def test_launches_never_exceed_the_queue() -> None:
+    d = decide(fleet([], queued=3), flat_curve(), B(), Counting(), Caps(), CFG)
+    assert d.launches_allowed == 3
+
+
+def test_over_budget_fleet_launches_nothing() -> None:
+    d = decide(fleet([50.0] * 500), flat_curve(), B(tokens_per_s=1000.0), Counting(), Caps(), CFG)
+    assert d.launches_allowed == 0 and d.ceiling < 500
+
+
+def test_inflight_budget_bounds_the_fleet() -> None:
+    d = decide(
+        fleet([]),
+        flat_curve(),
+        B(tokens_per_s=1e9, calls_per_s=1e9, inflight_tokens=20_000.0),
+        Counting(),
+        Caps(),
+        CFG,
+    )
+    assert d.binding is Binding.INFLIGHT_BUDGET
+    assert d.ceiling <= 21  # 1000 in-flight tokens per running task
+
+
+def test_call_rate_bound_names_qps_budget() -> None:
+    # tokens would allow a huge fleet; calls/s cannot hold it at the pacer
+    d = decide(
+        fleet([]), flat_curve(), B(tokens_per_s=1e9, calls_per_s=2.0), Counting(), Caps(), CFG
+    )
+    assert d.binding is Binding.PACED and d.saturating is Quantity.CALLS
+    young_callers = decide(
+        fleet([1.0] * 100),
+        flat_curve(calls=1.0),
+        B(tokens_per_s=1e9, calls_per_s=10.0),
+        Counting(),
+        Caps(),
+        CFG,
+    )
+    assert young_callers.launches_allowed == 0
+
+
+def test_decision_record_is_frozen_and_checked() -> None:
+    d = decide(fleet([]), flat_curve(), B(), Counting(), Caps(), CFG)
+    with pytest.raises(AttributeError):
+        d.ceiling = 3  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        Decision(
+            now=0,
+            live=5,
+            booting=0,
+            queued=1,
+            ceiling=5,
+            launches_allowed=1,
+            binding=Binding.PACED,
+            target=5,
+            saturating=None,
+        )
+    row = d.as_row()
+    assert row["binding"] == "paced" and set(row["projections"]) == {q.value for q in Quantity}
+
+
+def test_bad_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="overdrive"):
+        SizingConfig(overdrive=0.9)
+
+
+def test_decision_for_10000_live_tasks_is_fast() -> None:
+    """The speed figure is reported by `evalfleet bench planner --decision-speed`; this only
+    guards against an accidental O(n x horizon) regression, with a generous tolerance."""
+    curve = default_curve()
+    steady = steady_state(curve, Counting(), CFG.boot_s, CFG.integration_age_s)
+    ages = np.random.default_rng(1).uniform(0, 1500, 10_000)
+    decide(fleet(ages), curve, B(), Counting(), Caps(), CFG, steady)
+    started = time.perf_counter()
+    for _ in range(5):
+        decide(fleet(ages, booting=500), curve, B(), Counting(), Caps(), CFG, steady)
+    assert (time.perf_counter() - started) / 5 < 0.2
+
+
+FORBIDDEN = (
+    "prefect",
+    "sqlalchemy",
+    "httpx",
+    "requests",
+    "aiohttp",
+    "urllib",
+    "socket",
+    "os",
+    "time",
+    "redis",
+    "psycopg",
+    "boto3",
+    "subprocess",
+)
+CLOCK_CALLS = ("now", "utcnow", "today", "monotonic", "perf_counter", "time_ns")
+
+
+def test_planner_package_imports_no_io_no_clock_no_environment() -> None:
+    """planner/ is pure: no Prefect, SQL, HTTP, environment or clock imports."""
+    for path in sorted((ROOT / "planner").glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in FORBIDDEN, f"{path.name} imports {name}"
+            if isinstance(node, ast.Attribute) and node.attr == "environ":
+                raise AssertionError(f"{path.name} reads an environment")
+            if isinstance(node, ast.Attribute) and node.attr in CLOCK_CALLS:
+                raise AssertionError(f"{path.name} reads the clock ({node.attr})")
