@@ -28,6 +28,8 @@ COMMAND_MODULES = (
     "evalfleet.commands.keys",
     "evalfleet.commands.run",
     "evalfleet.commands.demo",
+    "evalfleet.commands.control",
+    "evalfleet.commands.s3",
 )
 
 
