@@ -26,7 +26,6 @@ from ledger.models import Run
 
 pytest_plugins = ["s3_support"]
 
-ROOT = Path(__file__).resolve().parent.parent
 POOL = "evalfleet-s3-test"
 DEPLOYMENT = "s3-test-launch"
 BUCKET = "launch-drops"

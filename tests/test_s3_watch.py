@@ -184,3 +184,24 @@ def test_launch_automation_shape_and_template_check() -> None:
     check_templates({"ok": "{{ event.id | string }}", "also": "{{ event.payload.uri }}"})
     with pytest.raises(ConfigError, match=r"event\.id \| string"):
         check_templates({"trigger_event": "{{ event.id }}"})
+
+
+def test_watch_cli_without_a_prefect_server_is_a_clear_error(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from evalfleet.cli import main
+    from evalfleet.settings import get_settings
+    from tasks import ledger_io
+
+    monkeypatch.setenv("EVALFLEET_DATABASE_URL", f"sqlite:///{tmp_path / 'l.sqlite3'}")
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    for cached in (get_settings, ledger_io.engine, ledger_io.sessions):
+        cached.cache_clear()
+    try:
+        code = main(["s3", "watch", "--bucket", "drops", "--once"])
+    finally:
+        for cached in (get_settings, ledger_io.engine, ledger_io.sessions):
+            cached.cache_clear()
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "PREFECT_API_URL is not set" in err and "Traceback" not in err
