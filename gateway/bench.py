@@ -7,9 +7,12 @@ its own process (spawned, configured by explicit settings, not by the environmen
 pacer (``inprocess``, ``prefect``) it mints a run's keys the way launch does (provider key via
 the admin API into a Prefect Secret block, gateway key hashed in the ledger), then measures:
 
-* added latency: ``n`` sequential calls through the gateway vs ``n`` straight to the provider
-  (same request, provider key); ``overhead_ms_pXX`` = gateway pXX - direct pXX;
-* sustained calls/s: ``concurrency`` clients calling through the gateway for ``duration_s``.
+* added latency: ``n`` sequential calls through the gateway and ``n`` straight to the provider
+  (same requests, the run's provider key), interleaved in blocks of 10 so both see the same
+  machine load; ``overhead_ms_pXX`` = gateway pXX - direct pXX;
+* sustained calls/s: ``concurrency`` clients calling through the gateway for ``duration_s``,
+  and the gateway process's CPU milliseconds per call (``/proc``), a figure that does not
+  depend on what else the machine is running.
 
 The pacer budgets are set high so that the pacer admits everything: this measures its cost,
 not its limits (the pacing tests measure those).
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import shutil
 import statistics
 import subprocess
@@ -202,9 +206,28 @@ async def _sequential(url: str, headers: dict[str, str], n: int) -> list[float]:
     return out
 
 
+async def _interleaved(
+    direct_url: str, direct_headers: dict[str, str], gw_url: str, gw_headers: dict[str, str], n: int
+) -> tuple[list[float], list[float]]:
+    """``n`` calls straight to the provider and ``n`` through the gateway, alternating in
+    blocks of 10, so that both see the same machine load."""
+    direct: list[float] = []
+    via: list[float] = []
+    for _ in range(max(1, n // 10)):
+        direct += await _sequential(direct_url, direct_headers, 10)
+        via += await _sequential(gw_url, gw_headers, 10)
+    return direct, via
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _sustained(
     url: str, headers: dict[str, str], concurrency: int, duration_s: float
-) -> float:
+) -> tuple[float, int]:
     done = 0
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
@@ -227,7 +250,7 @@ async def _sustained(
 
         started = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        return done / (time.perf_counter() - started)
+        return done / (time.perf_counter() - started), done
 
 
 def run_bench(options: BenchOptions) -> dict[str, Any]:
@@ -325,11 +348,16 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
                 path = "/v1/chat/completions"
                 asyncio.run(_sequential(gw_url + path, gw_headers, 50))  # warm-up
                 asyncio.run(_sequential(sim_url + path, direct_headers, 50))
-                direct = asyncio.run(_sequential(sim_url + path, direct_headers, options.calls))
-                via = asyncio.run(_sequential(gw_url + path, gw_headers, options.calls))
-                rate = asyncio.run(
+                direct, via = asyncio.run(
+                    _interleaved(
+                        sim_url + path, direct_headers, gw_url + path, gw_headers, options.calls
+                    )
+                )
+                cpu_before = _cpu_seconds(gw.pid)
+                rate, done = asyncio.run(
                     _sustained(gw_url + path, gw_headers, options.concurrency, options.duration_s)
                 )
+                cpu_ms_per_call = 1000 * (_cpu_seconds(gw.pid) - cpu_before) / max(1, done)
             finally:
                 _stop(gw)
             results["pacers"][pacer] = {
@@ -340,6 +368,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
                     1000 * (_percentile(via, 0.99) - _percentile(direct, 0.99)), 2
                 ),
                 "calls_per_s": round(rate, 1),
+                "gateway_cpu_ms_per_call": round(cpu_ms_per_call, 2),
                 "gateway_ms_p50": round(1000 * statistics.median(via), 2),
                 "direct_ms_p50": round(1000 * statistics.median(direct), 2),
             }

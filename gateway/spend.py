@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, event, select, update
+from sqlalchemy import Engine, Table, bindparam, event, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -45,20 +45,27 @@ class Reservation:
     amount: int
 
 
-def _reserve_statement(key_hash: str, amount: int, now: datetime) -> Any:
-    return (
-        update(ApiKey)
-        .where(
-            ApiKey.key_hash == key_hash,
-            ApiKey.kind == KIND_GATEWAY,
-            ApiKey.state == STATE_ACTIVE,
-            ApiKey.expires_at > now,
-            ApiKey.spent_micro_usd + ApiKey.reserved_micro_usd + amount
-            <= ApiKey.spend_cap_micro_usd,
-        )
-        .values(reserved_micro_usd=ApiKey.reserved_micro_usd + amount)
-        .returning(ApiKey.id, ApiKey.run_id)
+_TABLE = ApiKey.__table__
+assert isinstance(_TABLE, Table)
+_KEYS = _TABLE.c
+_RESERVE = (
+    update(_TABLE)
+    .where(
+        _KEYS.key_hash == bindparam("b_hash"),
+        _KEYS.kind == KIND_GATEWAY,
+        _KEYS.state == STATE_ACTIVE,
+        _KEYS.expires_at > bindparam("now"),
+        _KEYS.spent_micro_usd + _KEYS.reserved_micro_usd + bindparam("amount")
+        <= _KEYS.spend_cap_micro_usd,
     )
+    .values(reserved_micro_usd=_KEYS.reserved_micro_usd + bindparam("amount"))
+    .returning(_KEYS.id, _KEYS.run_id)
+)
+"""The reservation: built once (its compiled form is cached), run with parameters."""
+
+
+def _reserve_statement(key_hash: str, amount: int, now: datetime) -> tuple[Any, dict[str, Any]]:
+    return _RESERVE, {"b_hash": key_hash, "amount": amount, "now": now}
 
 
 def _explain_statement(key_hash: str) -> Any:
@@ -85,11 +92,14 @@ def _refusal(key: Any, amount: int, now: datetime) -> EvalfleetError:
 def reserve(engine: Engine, key_hash: str, amount: int, now: datetime) -> Reservation:
     """Reserve ``amount`` micro-USD on the gateway key with hash ``key_hash``, or raise."""
     with engine.connect() as conn:
-        row = conn.execute(_reserve_statement(key_hash, amount, now)).first()
+        row = conn.execute(*_reserve_statement(key_hash, amount, now)).first()
         if row is not None:
             return Reservation(key_id=str(row[0]), run_id=str(row[1]), amount=amount)
         key = conn.execute(_explain_statement(key_hash)).one_or_none()
     raise _refusal(key, amount, now)
+
+
+POOL_SIZE = 8
 
 
 class SpendStore:
@@ -104,16 +114,19 @@ class SpendStore:
         self.sync_engine = spend_engine(ledger)
         self._async: AsyncEngine | None = None
         if ledger.dialect.name == "postgresql":
+            # A fixed pool and a semaphore of the same size: connections are never opened and
+            # closed per call (overflow connections would be, at every burst).
             self._async = create_async_engine(
-                ledger.url, pool_size=8, max_overflow=8, isolation_level="AUTOCOMMIT"
+                ledger.url, pool_size=POOL_SIZE, max_overflow=0, isolation_level="AUTOCOMMIT"
             )
             event.listen(self._async.sync_engine, "connect", _no_sync_commit)
+        self._slots = asyncio.Semaphore(POOL_SIZE)
 
     async def reserve(self, key_hash: str, amount: int, now: datetime) -> Reservation:
         if self._async is None:
             return await asyncio.to_thread(reserve, self.sync_engine, key_hash, amount, now)
-        async with self._async.connect() as conn:
-            row = (await conn.execute(_reserve_statement(key_hash, amount, now))).first()
+        async with self._slots, self._async.connect() as conn:
+            row = (await conn.execute(*_reserve_statement(key_hash, amount, now))).first()
             if row is not None:
                 return Reservation(key_id=str(row[0]), run_id=str(row[1]), amount=amount)
             key = (await conn.execute(_explain_statement(key_hash))).one_or_none()
