@@ -180,7 +180,17 @@ class PlannerPolicy:
         if classification is None:
             self._answered += 1
             return
-        self._throttles.append((classification.limit_type, classification.retry_after_s))
+        throttle = (classification.limit_type, classification.retry_after_s)
+        if self.state.in_cooldown(now):
+            self._throttles.append(throttle)
+            return
+        # The first 429 outside a cooldown is acted on at once (the gateway tells the
+        # controller): cut and freeze now, not up to a window later while the pacer keeps
+        # sending into an empty provider bucket.
+        self.state, _ = step(
+            self.state, WindowObservation(now=now, throttles=(throttle,)), self.controller
+        )
+        self.pacer.set_budgets(self.state.budgets, now)
 
     def _update_progress(self) -> None:
         """Smoothed share of unthrottled speed: 1 / (1 + pacer wait per call / mean gap)."""
