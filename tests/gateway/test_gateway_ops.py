@@ -1,0 +1,86 @@
+"""Gateway operations: the pause flag, observed rate-limit headers, bad requests."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from sqlalchemy import select
+
+from ledger.models import AliasObservation
+from ledger.pauses import set_pause
+
+
+def _post(stack, secret, body, path="/v1/chat/completions"):
+    return httpx.post(
+        stack.url + path, headers={"authorization": f"Bearer {secret}"}, json=body, timeout=5
+    )
+
+
+BODY = {"model": "sim-openai", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+def test_paused_gateway_pool_answers_503_with_retry_after(make_stack):
+    stack = make_stack()
+    secret = stack.new_run().gateway_key.get_secret_value()
+    assert _post(stack, secret, BODY).status_code == 200
+    set_pause(stack.engine, "pool", "gateway", True, actor="test", reason="maintenance")
+    try:
+        deadline = time.monotonic() + 2.0
+        while (r := _post(stack, secret, BODY)).status_code != 503:
+            assert time.monotonic() < deadline, "the pause was not seen within 2 s"
+            time.sleep(0.05)
+        assert int(r.headers["retry-after"]) > 0
+        assert "paused" in r.json()["error"]["message"]
+    finally:
+        set_pause(stack.engine, "pool", "gateway", False, actor="test", reason="done")
+    deadline = time.monotonic() + 2.0
+    while _post(stack, secret, BODY).status_code != 200:
+        assert time.monotonic() < deadline, "the resume was not seen within 2 s"
+        time.sleep(0.05)
+
+
+def test_observed_rate_limit_headers_are_kept_per_alias(make_stack):
+    stack = make_stack()
+    secret = stack.new_run().gateway_key.get_secret_value()
+    assert _post(stack, secret, BODY).status_code == 200
+    deadline = time.monotonic() + 3.0
+    while True:
+        with stack.engine.connect() as conn:
+            obs = conn.execute(
+                select(AliasObservation).where(AliasObservation.alias == "sim-openai")
+            ).one_or_none()
+        if obs is not None and obs.observed_at.timestamp() > time.time() - 10:
+            break
+        assert time.monotonic() < deadline, "no observation written"
+        time.sleep(0.05)
+    assert obs.headers["x-ratelimit-limit-requests"] == "600"
+    assert obs.limits["limits"]["requests"] == 600.0
+    assert obs.limits["limits"]["tokens"] == 1_800_000.0
+
+
+def test_bad_requests_are_clear_and_not_forwarded(make_stack):
+    stack = make_stack()
+    secret = stack.new_run().gateway_key.get_secret_value()
+    before = dict(stack.sim.stats)
+    r = _post(stack, secret, {**BODY, "model": "nope"})
+    assert r.status_code == 404 and "unknown gateway alias 'nope'" in r.json()["error"]["message"]
+    r = _post(stack, secret, BODY, path="/v1/messages")
+    assert r.status_code == 400 and "served on /v1/chat/completions" in r.json()["error"]["message"]
+    r = _post(
+        stack,
+        secret,
+        {k: v for k, v in BODY.items() if k != "max_tokens"} | {"model": "sim-anthropic"},
+        path="/v1/messages",
+    )
+    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+    r = httpx.post(
+        stack.url + "/v1/chat/completions",
+        content=b"{not json",
+        headers={"authorization": f"Bearer {secret}"},
+        timeout=5,
+    )
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(stack.url + "/v1/chat/completions", json=BODY, timeout=5)
+    assert r.status_code == 401
+    assert stack.sim.stats == before
