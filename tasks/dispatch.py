@@ -21,14 +21,15 @@ import contextvars
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import func, select
 
 from evalfleet.errors import StaleLease
+from evalfleet.settings import get_settings
 from evalfleet.states import INSTANCE_LEASED, RUN_CLAIMABLE
 from ledger.models import InstanceResult, Job, PauseFlag, PlannerDecision, Run
 from ledger.queue import Lease, claim
@@ -164,7 +165,11 @@ class Launcher(Protocol):
 
 
 class InProcessLauncher:
-    """Runs instance flows in a bounded thread pool of this process."""
+    """Runs instance flows on at most ``threads`` daemon threads of this process.
+
+    Daemon threads, and a bounded ``wait``: a flow stuck in a Prefect API call cannot keep the
+    process alive; its lease expires and the reaper sends the job back to the queue.
+    """
 
     def __init__(self, threads: int, run: Callable[[JobRef], Any] | None = None) -> None:
         if run is None:
@@ -173,9 +178,8 @@ class InProcessLauncher:
             run = run_instance
         self._run = run
         self._threads = threads
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="instance")
         self._lock = threading.Lock()
-        self._inflight: set[Future[Any]] = set()
+        self._inflight: set[threading.Thread] = set()
 
     def free_slots(self) -> int:
         with self._lock:
@@ -184,29 +188,42 @@ class InProcessLauncher:
     def launch(self, ref: JobRef) -> None:
         # the caller's context (Prefect settings, the dispatcher flow run) goes with the thread
         context = contextvars.copy_context()
-        future = self._pool.submit(context.run, self._run_one, ref)
+        thread = threading.Thread(
+            target=context.run,
+            args=(self._run_one, ref),
+            name=f"instance-{ref.job_id}",
+            daemon=True,
+        )
         with self._lock:
-            self._inflight.add(future)
-        future.add_done_callback(self._done)
+            self._inflight.add(thread)
+        thread.start()
 
-    def _run_one(self, ref: JobRef) -> Any:
+    def _run_one(self, ref: JobRef) -> None:
         try:
-            return self._run(ref)
+            self._run(ref)
         except Exception as exc:
             # the flow requeues what fails inside it; this catches a flow that never started
+            log.exception("instance flow of %s failed", ref.instance_id)
             with contextlib.suppress(StaleLease):
                 requeue(ref.lease(), exc)
-            raise
-
-    def _done(self, future: Future[Any]) -> None:
-        with self._lock:
-            self._inflight.discard(future)
-        exc = future.exception()
-        if exc is not None:  # the flow already requeued the job; keep the failure visible
-            log.error("instance flow failed: %s: %s", type(exc).__name__, exc)
+        finally:
+            with self._lock:
+                self._inflight.discard(threading.current_thread())
 
     def wait(self, timeout_s: float | None = None) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=False)
+        """Wait for the running flows, at most ``timeout_s`` (default: the visibility timeout)."""
+        limit = timeout_s if timeout_s is not None else get_settings().visibility_timeout_s
+        deadline = time.monotonic() + limit
+        while True:
+            with self._lock:
+                left = list(self._inflight)
+            if not left or time.monotonic() >= deadline:
+                break
+            left[0].join(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+        if left:
+            log.warning(
+                "%d instance flow(s) still running at exit; their leases will expire", len(left)
+            )
 
 
 class WorkPoolLauncher:

@@ -10,6 +10,7 @@ lost (reaped and re-claimed) it notes it, and the landing will be refused.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import datetime
@@ -17,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from evalfleet.errors import EvalfleetError, HarnessFailed, StaleLease
 from evalfleet.runconfig import RunConfig
@@ -30,6 +32,8 @@ from ledger.queue import Lease, Outcome
 from ledger.reaper import requeue as queue_requeue
 from tasks.keys import load_gateway_key
 from tasks.ledger_io import engine
+
+log = logging.getLogger(__name__)
 
 
 class JobRef(BaseModel):
@@ -86,6 +90,8 @@ class Heartbeat:
             except StaleLease:
                 self.lost.set()
                 return
+            except SQLAlchemyError as exc:  # transient (locked, connection): retry next beat
+                log.warning("heartbeat of %s failed: %s", self.lease.instance_id, exc)
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
