@@ -96,6 +96,14 @@ def redis_url() -> Iterator[str]:
     client.close()
 
 
+def _refresh_prefect_settings() -> None:
+    """Prefect snapshots its settings when ``prefect.context`` is first imported: if a test
+    imported Prefect before this server existed, make it see PREFECT_API_URL now."""
+    context = sys.modules.get("prefect.context")
+    if context is not None:
+        context.refresh_global_settings_context()
+
+
 @pytest.fixture(scope="session")
 def prefect_api_url() -> Iterator[str]:
     """One real Prefect server for the whole test session, on its own PostgreSQL database."""
@@ -148,6 +156,7 @@ def prefect_api_url() -> Iterator[str]:
         time.sleep(0.5)
     previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url
+    _refresh_prefect_settings()
     try:
         yield url
     finally:
@@ -155,6 +164,7 @@ def prefect_api_url() -> Iterator[str]:
             os.environ.pop("PREFECT_API_URL", None)
         else:
             os.environ["PREFECT_API_URL"] = previous
+        _refresh_prefect_settings()
         proc.terminate()
         try:
             proc.wait(timeout=20)
