@@ -5,13 +5,21 @@ and boto3 clients pointed at it with dummy credentials. Import the fixtures into
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import httpx
 import pytest
-from conftest import free_port
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (the probe socket is closed on return)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
 
 DUMMY_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
