@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
-from deployments.s3 import S3Watcher, apply_s3_trigger, prefect_emitter
+from deployments.s3 import S3Watcher, apply_s3_trigger, automation_name, prefect_emitter
 from evalfleet.config_sources import MAX_CONFIG_BYTES
 from ledger.db import make_engine
 from ledger.migrate import upgrade
@@ -124,8 +125,30 @@ def launch_settings(tmp_path: Path, moto_endpoint: str, monkeypatch: pytest.Monk
         cached.cache_clear()
 
 
+@pytest.fixture
+def cleanup_prefect(prefect_api_url: str) -> Iterator[None]:
+    """Remove this test's automation, deployment and pool: the session server is shared."""
+    yield
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    async def clean() -> None:
+        async with get_client() as client:
+            for automation in await client.read_automations_by_name(
+                automation_name(BUCKET, "runs/")
+            ):
+                await client.delete_automation(automation.id)
+            with contextlib.suppress(ObjectNotFound):
+                dep = await client.read_deployment_by_name(f"launch-run/{DEPLOYMENT}")
+                await client.delete_deployment(dep.id)
+            with contextlib.suppress(ObjectNotFound):
+                await client.delete_work_pool(POOL)
+
+    asyncio.run(clean())
+
+
 def test_a_dropped_config_becomes_one_launch_run(
-    prefect_api_url: str, moto_s3: Any, launch_settings: Any
+    prefect_api_url: str, moto_s3: Any, launch_settings: Any, cleanup_prefect: None
 ) -> None:
     from prefect.blocks.system import Secret
 
