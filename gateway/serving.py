@@ -33,6 +33,7 @@ def _config(app: Any, host: str, port: int) -> uvicorn.Config:
         access_log=False,
         lifespan="on",
         timeout_keep_alive=30,
+        timeout_graceful_shutdown=2,
         backlog=4096,
     )
 
