@@ -33,10 +33,10 @@ import httpx
 from evalfleet.errors import EvalfleetError
 
 # Small limits so that the pacer and the provider bind within a couple of minutes.
-PROVIDER_RPM = 300.0  # 5 calls/s
-PACER_CALLS_PER_S = 5.0
+PROVIDER_RPM = 480.0  # 8 calls/s: below the pacer, so some 429s show
+PACER_CALLS_PER_S = 10.0
 PACER_TOKENS_PER_S = 20_000.0
-HARNESS_OPTIONS = {"calls_median": 5, "calls_sigma": 0.4, "think_s": 3.0, "token_scale": 0.15}
+HARNESS_OPTIONS = {"calls_median": 5, "calls_sigma": 0.4, "think_s": 2.0, "token_scale": 0.15}
 
 
 class DemoError(EvalfleetError):
