@@ -129,7 +129,7 @@ class PlannerPolicy:
         *,
         sizing: SizingConfig | None = None,
         controller: ControllerConfig | None = None,
-        burst_s: float = 2.0,
+        burst_s: float | None = None,
         curve: HarnessCurve | None = None,
     ) -> None:
         ac = scenario.alias_config
@@ -162,6 +162,11 @@ class PlannerPolicy:
         self.steady = steady_state(
             self.curve, self.counting, self.sizing.boot_s, self.sizing.integration_age_s
         )
+        if burst_s is None:
+            # A provider that states its per-minute limits can be mirrored exactly: a pacer
+            # bucket of one minute uses its burst as the provider allows. Without headers the
+            # budgets are guesses and a deep bucket would turn every over-guess into a burst.
+            burst_s = 60.0 if scenario.provider.headers != "none" else 2.0
         self.pacer = PacerCore(
             self.state.budgets,
             burst_s,

@@ -61,6 +61,15 @@ def simulate_planner(scenario: Scenario) -> tuple[PlannerPolicy, dict[str, Any]]
     policy = PlannerPolicy(scenario, workload, lambda now: headers_now(style, provider, now))
     budgets_seen: list[dict[str, float | None]] = []
     tick = policy.tick
+    throttled: list[float] = []
+    on_response = policy.on_response
+
+    def recording_response(now: float, call: int, classification: Any) -> None:
+        if classification is not None:
+            throttled.append(now)
+        on_response(now, call, classification)
+
+    policy.on_response = recording_response  # type: ignore[method-assign]
 
     def recording_tick(fleet: Any) -> int:
         ceiling = tick(fleet)
@@ -74,6 +83,7 @@ def simulate_planner(scenario: Scenario) -> tuple[PlannerPolicy, dict[str, Any]]
     stats = Simulation(workload, policy, provider, style).run()
     row = summarise(stats, scenario, lower_bound(scenario, workload))
     row["budgets"] = budgets_seen
+    row["late_429"] = sum(1 for t in throttled if t > 900)
     return policy, row
 
 
@@ -199,8 +209,13 @@ def test_default_policies_bracket_the_saturating_fleet() -> None:
 
 
 def test_planner_keeps_the_limit_busy_without_429s_and_beats_baselines() -> None:
-    scenario = parse_scenario(parametric(instances=150), "s")
-    results = run_scenario(scenario).results
+    doc = parametric(instances=120)
+    doc["provider"]["input_tpm"] = 300_000  # the limit binds for ~4x the longest instance
+    scenario = parse_scenario(doc, "s")
+    workload = build_workload(scenario)
+    star = saturating_workers(scenario, workload)
+    policies = ["planner", "aimd", f"fixed:{round(star)}", f"fixed:{round(2 * star)}"]
+    results = run_scenario(scenario, policies).results
     ours = results["planner"]
     assert ours["ratio"] <= 1.2 and ours["rate_429"] <= 0.005
     for name, row in results.items():
@@ -265,8 +280,9 @@ def test_a_dropped_limit_is_followed_down_and_not_reprobed() -> None:
     policy, row = simulate_planner(scenario)
     late = [b["tokens"] for b in row["budgets"] if b["t"] > 900]
     assert late and max(late) <= 2_000 * 1.05  # followed down to the new 2,000/s
-    assert row["rate_429"] <= 0.005
     assert policy.state.seed.tokens_per_s < 5_000  # the seed was re-based
+    # not re-probed every few windows: no 429 burst after it settled
+    assert row["late_429"] <= 5
 
 
 def test_booting_blind_planner_overshoots() -> None:
@@ -279,7 +295,8 @@ def test_booting_blind_planner_overshoots() -> None:
     class Blind(PlannerPolicy):
         def tick(self, fleet: Any) -> int:
             blind = type(fleet)(now=fleet.now, ages=fleet.ages, booting=0, queued=fleet.queued)
-            return super().tick(blind)
+            # it sizes as if nothing were booting, then launches on top of what boots
+            return super().tick(blind) + fleet.booting
 
     workload = build_workload(scenario)
     provider = ProviderLimits(*limit_spec(scenario))
