@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -237,7 +238,7 @@ def test_request_count_429s_cut_only_the_calls_budget() -> None:
     tokens = [b["tokens"] for b in row["budgets"]]
     calls = [b["calls"] for b in row["budgets"]]
     assert min(calls) < 9  # the request budget was cut ...
-    assert all(later >= earlier for earlier, later in zip(tokens, tokens[1:], strict=False))
+    assert all(later >= earlier for earlier, later in itertools.pairwise(tokens))
     assert BudgetClass.TOKENS not in policy.state.last_429_at
 
 
@@ -257,7 +258,7 @@ def test_token_429s_cut_only_the_token_budget() -> None:
     )
     policy, row = simulate_planner(scenario)
     calls = [b["calls"] for b in row["budgets"]]
-    assert all(later >= earlier for earlier, later in zip(calls, calls[1:], strict=False))
+    assert all(later >= earlier for earlier, later in itertools.pairwise(calls))
     assert BudgetClass.REQUESTS not in policy.state.last_429_at
 
 
