@@ -18,7 +18,7 @@ from gateway.keys import PrefectSecretKeyStore, ProviderAdminKeyMinter, mint_run
 from gateway.serving import free_port
 from ledger.db import session_factory
 from ledger.models import Run
-from tests.gateway.conftest import ADMIN_KEY
+from tests.gateway.gw_helpers import ADMIN_KEY
 
 pytestmark = pytest.mark.prefect
 EVALFLEET = str(Path(sys.executable).parent / "evalfleet")

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from ledger.models import ApiKey, LlmCall
-from tests.gateway.conftest import sim_profile
+from tests.gateway.gw_helpers import sim_profile
 
 
 def _calls(stack, run_id, expected):

@@ -15,7 +15,7 @@ from sqlalchemy import select, text
 from gateway.keys import hash_secret, revoke_run_keys
 from ledger.db import session_factory
 from ledger.models import ApiKey, Base, LlmCall
-from tests.gateway.conftest import ADMIN_KEY, sim_profile
+from tests.gateway.gw_helpers import ADMIN_KEY, sim_profile
 
 
 def _gateway_key_row(stack, run_id):

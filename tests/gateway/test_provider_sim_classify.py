@@ -10,7 +10,7 @@ import pytest
 from gateway.provider_sim.server import ProviderSim
 from gateway.serving import ServerThread
 from planner.classify import LimitType, classify
-from tests.gateway.conftest import ADMIN_KEY, sim_profile
+from tests.gateway.gw_helpers import ADMIN_KEY, sim_profile
 
 
 def _flavour(profile_overrides, flavour, **limits):
