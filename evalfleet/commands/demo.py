@@ -35,7 +35,7 @@ from evalfleet.errors import EvalfleetError
 # Small limits so that the pacer and the provider bind within a couple of minutes.
 PROVIDER_RPM = 480.0  # 8 calls/s: below the pacer, so some 429s show
 PACER_CALLS_PER_S = 10.0
-PACER_TOKENS_PER_S = 20_000.0
+PACER_TOKENS_PER_S = 60_000.0
 HARNESS_OPTIONS = {"calls_median": 5, "calls_sigma": 0.4, "think_s": 2.0, "token_scale": 0.15}
 
 
@@ -242,7 +242,9 @@ def _report(run_id: str, out: Path) -> None:
     from evalfleet.commands.demo_report import summary_table, timeline_png
 
     click.echo(summary_table(run_id))
-    png = timeline_png(run_id, out / "timeline.png", PACER_CALLS_PER_S, PROVIDER_RPM / 60.0)
+    png = timeline_png(
+        run_id, out / "timeline.png", PACER_CALLS_PER_S, PROVIDER_RPM / 60.0, PACER_TOKENS_PER_S
+    )
     click.echo(f"timeline: {png}")
 
 

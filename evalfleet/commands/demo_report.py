@@ -47,7 +47,13 @@ def summary_table(run_id: str) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)
 
 
-def timeline_png(run_id: str, path: Path, calls_budget: float, provider_calls_per_s: float) -> Path:
+def timeline_png(
+    run_id: str,
+    path: Path,
+    calls_budget: float,
+    provider_calls_per_s: float,
+    tokens_budget: float,
+) -> Path:
     """Draw the run's timeline to ``path``; returns it."""
     import matplotlib
 
@@ -105,6 +111,7 @@ def timeline_png(run_id: str, path: Path, calls_budget: float, provider_calls_pe
     axes[1].legend(loc="upper right")
     tokens = ok.groupby(buckets)["input_tokens"].sum() / BUCKET_S if not ok.empty else rate
     axes[2].plot(tokens.index, tokens.values, color="tab:green", label="input tokens/s")
+    axes[2].axhline(tokens_budget, color="tab:orange", linestyle="--", label="token budget")
     axes[2].set_ylabel("tokens/s")
     axes[2].legend(loc="upper right")
     limited = calls[calls["status"] == 429]
