@@ -1,85 +1,45 @@
 """What the simulated provider reveals to its clients, per the scenario's header style.
 
-A 429 is turned into the classification a client (our gateway) would read from the real
-response: with ``anthropic`` or ``openai`` headers the limit type named by the provider, the
-stated limits/remaining/resets and the retry-after; with ``none`` nothing — an unknown limit
-type and no retry-after (the client waits the default 15 s). ``headers_now`` gives the rate-limit
-headers the latest successful response carried (None for style ``none``).
+The responses are rendered with ``sim.protocol`` (the same wire format the simulated provider
+HTTP server sends) and read back with ``planner.classify`` (the gateway's reader), so the
+planner policy sees exactly what a real gateway would: with ``anthropic``/``openai`` headers the
+stated limits/remaining/resets, the limit type a 429 names and its retry-after; with ``none``
+nothing — an unknown limit and no retry-after (the client waits the default 15 s).
+
+Rendering costs a few tens of microseconds, so the engine only asks for it when a policy reads
+headers (the planner); the baselines only need ``retry_after``.
 """
 
 from __future__ import annotations
 
 import math
 
-from planner.classify import Classification, LimitType
+from planner.classify import Classification, classify
 from sim.limits import ProviderAdmission, ProviderLimits
+from sim.protocol import rate_limit_headers, render_rejection
 
-# What each style's headers describe: OpenAI has requests and one token class.
-_STYLE_CLASSES = {
-    "anthropic": (
-        LimitType.REQUESTS,
-        LimitType.TOKENS,
-        LimitType.INPUT_TOKENS,
-        LimitType.OUTPUT_TOKENS,
-    ),
-    "openai": (LimitType.REQUESTS, LimitType.TOKENS),
-}
+# Simulated time 0 as a wall-clock epoch (for RFC 3339 resets); any fixed value will do.
+EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 
-def _view(style: str, provider: ProviderLimits, now: float) -> Classification:
-    snap = provider.snapshot(now)
-    classes = _STYLE_CLASSES.get(style, ())
-    limits, remaining, resets = {}, {}, {}
-    for cls, cs in snap.classes.items():
-        shown = cls if cls in classes else None
-        if shown is None and style == "openai" and cls is LimitType.INPUT_TOKENS:
-            shown = LimitType.TOKENS
-        if shown is None:
-            continue
-        limits[shown] = cs.limit
-        remaining[shown] = cs.remaining
-        resets[shown] = cs.reset_s
-    return Classification(
-        status=200,
-        limit_type=LimitType.NONE,
-        provider=style,
-        limits=limits,
-        remaining=remaining,
-        resets_s=resets,
-    )
+def retry_after(style: str, adm: ProviderAdmission) -> float | None:
+    """The retry-after a 429 states (whole seconds, >= 1, as rendered), or None for ``none``."""
+    if style == "none":
+        return None
+    return float(max(1, math.ceil(adm.retry_after_s)))
 
 
 def headers_now(style: str, provider: ProviderLimits, now: float) -> Classification | None:
     """The rate-limit view a successful response carries now (None when nothing is revealed)."""
     if style == "none":
         return None
-    return _view(style, provider, now)
-
-
-def retry_after(style: str, adm: ProviderAdmission) -> float | None:
-    """The retry-after a 429 states (whole seconds, >= 1), or None when it states none."""
-    if style == "none":
-        return None
-    return float(max(1, math.ceil(adm.retry_after_s)))
+    headers = rate_limit_headers(style, provider.snapshot(now), EPOCH + now)
+    return classify(200, headers, None, now_epoch=EPOCH + now)
 
 
 def describe_429(
     style: str, provider: ProviderLimits, now: float, adm: ProviderAdmission
 ) -> Classification:
-    """The classification a client reads from the 429 (limit type, headers, retry-after)."""
-    if style == "none":
-        return Classification(status=429, limit_type=LimitType.UNKNOWN, provider="none")
-    view = _view(style, provider, now)
-    hit = adm.limit if adm.limit is not None else LimitType.UNKNOWN
-    if style == "openai" and hit is LimitType.INPUT_TOKENS:
-        hit = LimitType.TOKENS
-    return Classification(
-        status=429,
-        limit_type=hit,
-        provider=style,
-        limits=view.limits,
-        remaining=view.remaining,
-        resets_s=view.resets_s,
-        retry_after_s=retry_after(style, adm),
-        too_large=adm.too_large,
-    )
+    """The classification the gateway reads from the rendered 429."""
+    response = render_rejection(style, adm, provider.snapshot(now), EPOCH + now)
+    return classify(response.status, response.headers, response.body, now_epoch=EPOCH + now)
