@@ -91,7 +91,7 @@ def _refusal(key: Any, amount: int, now: datetime) -> EvalfleetError:
 
 def reserve(engine: Engine, key_hash: str, amount: int, now: datetime) -> Reservation:
     """Reserve ``amount`` micro-USD on the gateway key with hash ``key_hash``, or raise."""
-    with engine.connect() as conn:
+    with engine.begin() as conn:
         row = conn.execute(*_reserve_statement(key_hash, amount, now)).first()
         if row is not None:
             return Reservation(key_id=str(row[0]), run_id=str(row[1]), amount=amount)
@@ -138,7 +138,7 @@ class SpendStore:
     async def close(self) -> None:
         if self._async is not None:
             await self._async.dispose()
-        self.sync_engine.engine.dispose()
+            self.sync_engine.engine.dispose()  # its own pool (SQLite shares the ledger's)
 
 
 def settle(engine: Engine, reservation: Reservation, actual: int) -> None:
@@ -150,7 +150,7 @@ def settle_many(engine: Engine, deltas: dict[str, tuple[int, int]]) -> None:
     """Settle several calls at once: per key id, (reservations to release, cost to add)."""
     if not deltas:
         return
-    with engine.connect() as conn:
+    with engine.begin() as conn:
         conn.execute(
             update(ApiKey)
             .where(ApiKey.id == bindparam("key_id"))
@@ -216,8 +216,9 @@ class Settler:
 
 
 def spend_engine(ledger: Engine) -> Engine:
-    """The engine of the gateway's hot path: its own small pool on the ledger's database, in
-    autocommit (each reservation is ONE statement, one round trip, atomic by itself).
+    """The engine of the gateway's hot path. PostgreSQL: its own small pool on the ledger's
+    database, in autocommit (each reservation is ONE statement, one round trip, atomic by
+    itself). SQLite: the ledger's engine itself (its transactions take the single writer lock).
 
     On PostgreSQL its connections also use ``synchronous_commit = off``: waiting for a WAL
     flush per call (milliseconds, far more on a busy disk) would dominate the gateway's added
@@ -226,12 +227,13 @@ def spend_engine(ledger: Engine) -> Engine:
     and the provider key's own spend cap stays the backstop. Every other ledger write keeps
     full durability (other engines/connections are not affected).
     """
+    if ledger.dialect.name != "postgresql":
+        return ledger  # SQLite: the ledger's own engine (BEGIN IMMEDIATE: one writer at a time)
     url = ledger.url.render_as_string(hide_password=False)
     engine = make_engine(url, pool_size=8, max_overflow=8).execution_options(
         isolation_level="AUTOCOMMIT"
     )
-    if engine.dialect.name == "postgresql":
-        event.listen(engine.engine, "connect", _no_sync_commit)
+    event.listen(engine.engine, "connect", _no_sync_commit)
     return engine
 
 
