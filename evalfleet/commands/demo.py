@@ -35,7 +35,7 @@ from evalfleet.errors import EvalfleetError
 # Small limits so that the pacer and the provider bind within a couple of minutes.
 PROVIDER_RPM = 480.0  # 8 calls/s: below the pacer, so some 429s show
 PACER_CALLS_PER_S = 10.0
-PACER_TOKENS_PER_S = 60_000.0
+PACER_TOKENS_PER_S = 20_000.0
 HARNESS_OPTIONS = {"calls_median": 5, "calls_sigma": 0.4, "think_s": 2.0, "token_scale": 0.15}
 
 
