@@ -98,6 +98,7 @@ class RunStats:
     finished: int = 0
     consumed: dict[str, float] = field(default_factory=dict)
     fleet_s: float = 0.0
+    stalled_at: float | None = None
 
 
 class Simulation:
@@ -112,6 +113,7 @@ class Simulation:
         *,
         tick_s: float = 15.0,
         max_time_s: float = 30 * 86_400.0,
+        stall_s: float = 1800.0,
     ) -> None:
         self.w = workload
         self.policy = policy
@@ -119,6 +121,7 @@ class Simulation:
         self.style = style
         self.tick_s = tick_s
         self.max_time_s = max_time_s
+        self.stall_s = stall_s
 
     def run(self) -> RunStats:
         w, policy, provider, gate = self.w, self.policy, self.provider, self.policy.gate
@@ -145,6 +148,7 @@ class Simulation:
         wake_at = math.inf
         last_t = 0.0
         live_area = 0.0
+        last_progress = 0.0
 
         def push(t: float, kind: int, who: int) -> None:
             nonlocal seq
@@ -160,9 +164,11 @@ class Simulation:
             stats.peak_fleet = max(stats.peak_fleet, len(running) + booting)
 
         def send(t: float, call: int) -> None:
+            nonlocal last_progress
             stats.calls += 1
             adm = provider.admit(t, CallCharge(uncached[call], cached[call], output[call]))
             if adm.admitted:
+                last_progress = t
                 assert adm.ticket is not None
                 tickets[call] = adm.ticket
                 push(t + latency[call], RESPONSE, call)
@@ -196,7 +202,10 @@ class Simulation:
         remaining = n
         while heap and remaining > 0:
             t, _, kind, who = heapq.heappop(heap)
-            if t > self.max_time_s:
+            if t > self.max_time_s or t - last_progress > self.stall_s:
+                # no call admitted for stall_s: the clients' retries keep the provider's
+                # request bucket empty (rejected requests count against it) - a livelock
+                stats.stalled_at = t
                 break
             live_area += (len(running) + booting) * (t - last_t)
             last_t = t
@@ -240,6 +249,7 @@ class Simulation:
                 else:
                     push(t, DONE, who)
             elif kind == DONE:
+                last_progress = t
                 del running[who]
                 remaining -= 1
                 stats.finished += 1

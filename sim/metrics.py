@@ -114,7 +114,26 @@ def integrated_limit(scenario: Scenario, cls: LimitType, until_s: float) -> floa
 
 
 def summarise(stats: RunStats, scenario: Scenario, bound: LowerBound) -> dict[str, Any]:
-    """The results columns of one policy's run."""
+    """The results columns of one policy's run.
+
+    A run that stalled (no call admitted for a long time: a retry livelock) has no makespan:
+    ``makespan_s``, ``ratio`` and ``utilisation`` are None and ``stalled_at_s`` says when.
+    """
+    if stats.stalled_at is not None:
+        return {
+            "makespan_s": None,
+            "lower_bound_s": round(bound.seconds, 1),
+            "ratio": None,
+            "calls": stats.calls,
+            "http_429": stats.http_429,
+            "rate_429": round(stats.http_429 / stats.calls, 5) if stats.calls else 0.0,
+            "utilisation": None,
+            "peak_fleet": stats.peak_fleet,
+            "ticks": stats.ticks,
+            "stalled_at_s": round(stats.stalled_at, 1),
+            "finished": stats.finished,
+            "binding_limit": bound.binding_class.value if bound.binding_class else None,
+        }
     util = float("nan")
     if bound.binding_class is not None and math.isfinite(stats.makespan_s):
         served = integrated_limit(scenario, bound.binding_class, stats.makespan_s)

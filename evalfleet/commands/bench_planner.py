@@ -36,6 +36,9 @@ def _scenario_files(files: tuple[Path, ...], all_: bool) -> list[Path]:
 def _format_table(name: str, results: dict[str, dict[str, Any]], seconds: float) -> str:
     cols = ["policy", *COLUMNS]
     rows = [[pol, *(_cell(r[c]) for c in COLUMNS)] for pol, r in results.items()]
+    for row, r in zip(rows, results.values(), strict=True):
+        if r.get("stalled_at_s") is not None:  # a retry livelock: no makespan
+            row[1] = f"stalled@{r['stalled_at_s']:.0f}"
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows, strict=True)]
     lines = [f"scenario {name}  (simulated in {seconds:.2f} s)"]
     lines.append("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
