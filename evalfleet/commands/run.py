@@ -45,9 +45,14 @@ def run_summary(run_id: str) -> dict[str, Any]:
                 func.coalesce(func.sum(InstanceResult.calls), 0),
                 func.coalesce(func.sum(InstanceResult.input_tokens), 0),
                 func.coalesce(func.sum(InstanceResult.output_tokens), 0),
-                func.coalesce(func.sum(InstanceResult.cost_micro_usd), 0),
             ).where(InstanceResult.run_id == run_id)
         ).one()
+        # cost from the gateway's call records (an instance row may land before the last batch)
+        cost = conn.execute(
+            select(func.coalesce(func.sum(LlmCall.cost_micro_usd), 0)).where(
+                LlmCall.run_id == run_id
+            )
+        ).scalar_one()
         rate_limited = conn.execute(
             select(func.count()).where(LlmCall.run_id == run_id, LlmCall.status == 429)
         ).scalar_one()
@@ -67,7 +72,7 @@ def run_summary(run_id: str) -> dict[str, Any]:
         "calls": int(totals[0]),
         "input_tokens": int(totals[1]),
         "output_tokens": int(totals[2]),
-        "cost_usd": int(totals[3]) / 1e6,
+        "cost_usd": int(cost) / 1e6,
         "rate_limited": int(rate_limited),
         "ceiling": decision.ceiling if decision else None,
         "binding": decision.binding if decision else None,
