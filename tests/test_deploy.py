@@ -92,7 +92,7 @@ def test_deploy_twice_gives_the_same_result(prefect_api_url: str, tmp_path) -> N
         ("ecs", "evalfleet-ecs"),
         ("eval", "evalfleet-eval"),
     } <= names
-    planner = [d for d in state1["deployments"] if d[2] == "flows/planner.py:planner_loop"]
+    planner = [d for d in state1["deployments"] if d[2] == "flows/planner_loop.py:planner_loop"]
     assert planner and planner[0][5] == 1
     process = next(d for d in state1["deployments"] if d[1] == "process")
     assert str(tmp_path) in process[6]

@@ -54,8 +54,8 @@ def _register_launch_deployment() -> Any:
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
 
-    # Imported, not loaded from its entrypoint path: that puts flows/ on sys.path, where
-    # flows/planner.py then shadows the planner package for the rest of the process.
+    # Imported, not loaded from its entrypoint path: loading by path puts flows/ on sys.path
+    # for the rest of the test process.
     from flows.launch import launch_run as flow
 
     with get_client(sync_client=True) as client:

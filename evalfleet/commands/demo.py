@@ -192,7 +192,7 @@ def _run_demo(out: Path, instances: int, admin_key: str, sim_port: int, gw_port:
     from evalfleet.embedded import start_stack
     from flows.dispatch import dispatcher_loop
     from flows.launch import launch_run
-    from flows.planner import planner_loop
+    from flows.planner_loop import planner_loop
     from flows.supervisor import supervisor_loop
 
     config = {
