@@ -318,3 +318,20 @@ class S3Drop(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     event_id: Mapped[str | None] = mapped_column(String(36))
     seen_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class PacerState(Base):
+    """Per gateway alias: the budget controller's persisted state (``planner.budgets.BudgetState``
+    as JSON), so a restarted planner loop continues where it stopped. Written by the planner loop
+    only (``ledger.pacer_state``). ``config_version`` is the ``pacer_configs`` version the state
+    follows (0: the alias file's seed): an operator edit re-initialises it. ``last_call_id`` is
+    the newest ``llm_calls`` id already observed."""
+
+    __tablename__ = "pacer_states"
+
+    alias: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config_version: Mapped[int] = mapped_column(Integer)
+    last_call_id: Mapped[int] = mapped_column(BigInteger)
+    tick_at: Mapped[datetime] = mapped_column()
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
