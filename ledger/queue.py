@@ -109,22 +109,36 @@ def visibility(seconds: float | None) -> float:
 # --- claim -----------------------------------------------------------------------------------
 
 
-def _claim_postgresql(conn: Connection, pool: str, k: int, vt: float) -> list[Lease]:
-    rows = conn.execute(sql.PG_CLAIM, {"pool": pool, "k": k, "vt": vt}).all()
+def _claim_postgresql(
+    conn: Connection, pool: str, k: int, vt: float, run_id: str | None
+) -> list[Lease]:
+    params: dict[str, object] = {"pool": pool, "k": k, "vt": vt}
+    statement = sql.PG_CLAIM
+    if run_id is not None:
+        statement, params["run_id"] = sql.PG_CLAIM_RUN, run_id
+    rows = conn.execute(statement, params).all()
     return [
         Lease(int(r[0]), r[1], r[2], r[3], r[4], int(r[5]), as_utc(r[6]))
         for r in sorted(rows, key=lambda r: int(r[0]))
     ]
 
 
-def _claim_sqlite(conn: Connection, pool: str, k: int, vt: float) -> list[Lease]:
+def _claim_sqlite(
+    conn: Connection, pool: str, k: int, vt: float, run_id: str | None
+) -> list[Lease]:
     now = host_now()
     deadline = now + timedelta(seconds=vt)
     now_text = sqlite_timestamp(now)
-    rows = conn.execute(
-        sql.SQLITE_CLAIM_JOBS,
-        {"pool": pool, "k": k, "now": now_text, "deadline": sqlite_timestamp(deadline)},
-    ).all()
+    params: dict[str, object] = {
+        "pool": pool,
+        "k": k,
+        "now": now_text,
+        "deadline": sqlite_timestamp(deadline),
+    }
+    statement = sql.SQLITE_CLAIM_JOBS
+    if run_id is not None:
+        statement, params["run_id"] = sql.SQLITE_CLAIM_RUN_JOBS, run_id
+    rows = conn.execute(statement, params).all()
     leases = [
         Lease(int(r[0]), r[1], r[2], r[3], r[4], int(r[5]), deadline)
         for r in sorted(rows, key=lambda r: int(r[0]))
@@ -147,23 +161,35 @@ def _claim_sqlite(conn: Connection, pool: str, k: int, vt: float) -> list[Lease]
 
 
 def claim(
-    engine: Engine, pool: str, k: int = 1, *, visibility_timeout_s: float | None = None
+    engine: Engine,
+    pool: str,
+    k: int = 1,
+    *,
+    visibility_timeout_s: float | None = None,
+    run_id: str | None = None,
 ) -> list[Lease]:
     """Claim up to ``k`` visible jobs of ``pool``: their instances go ``queued → booting``.
 
     Returns nothing when the pool is paused, and skips runs that are paused or not in a
     claimable state (running, draining). Concurrent claims never return the same job.
+    With ``run_id``, only that run's jobs are claimed (the dispatcher claims each run's own
+    share of its alias's ceiling); otherwise the oldest visible jobs of any run, FIFO.
     """
+    problems = []
     if not 1 <= k <= MAX_CLAIM:
-        raise ConfigError("claim", [f"k: must be between 1 and {MAX_CLAIM}"])
+        problems.append(f"k: must be between 1 and {MAX_CLAIM}")
+    if run_id is not None and not 1 <= len(run_id) <= 36:
+        problems.append("run_id: must be 1-36 characters")
+    if problems:
+        raise ConfigError("claim", problems)
     vt = visibility(visibility_timeout_s)
     if engine.dialect.name == "postgresql":
         # One statement, atomic on its own: run it in autocommit mode (one round trip).
         with engine.connect() as conn:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            return _claim_postgresql(conn, pool, k, vt)
+            return _claim_postgresql(conn, pool, k, vt, run_id)
     with write_transaction(engine) as conn:
-        return _claim_sqlite(conn, pool, k, vt)
+        return _claim_sqlite(conn, pool, k, vt, run_id)
 
 
 # --- lease-holder steps ----------------------------------------------------------------------

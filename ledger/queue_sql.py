@@ -20,10 +20,12 @@ _QUEUED = InstanceState.QUEUED.value
 _BOOTING = InstanceState.BOOTING.value
 
 
-def _claimable_jobs(now: str) -> str:
+def _claimable_jobs(now: str, *, one_run: bool = False) -> str:
+    """Visible, unleased jobs of ``:pool`` (of run ``:run_id`` only when ``one_run``)."""
+    run_filter = " AND j.run_id = :run_id" if one_run else ""
     return f"""
     SELECT j.id FROM jobs j
-    WHERE j.pool = :pool AND j.lease_token IS NULL AND j.visible_at <= {now}
+    WHERE j.pool = :pool AND j.lease_token IS NULL AND j.visible_at <= {now}{run_filter}
       AND NOT EXISTS (SELECT 1 FROM pause_flags p
                       WHERE p.paused AND p.scope = 'pool' AND p.target = :pool)
       AND EXISTS (SELECT 1 FROM runs r WHERE r.id = j.run_id AND r.state IN ({_CLAIMABLE}))
@@ -33,9 +35,10 @@ def _claimable_jobs(now: str) -> str:
     LIMIT :k"""
 
 
-PG_CLAIM: TextClause = text(
-    f"""
-WITH picked AS ({_claimable_jobs("now()")}
+def _pg_claim(*, one_run: bool) -> TextClause:
+    return text(
+        f"""
+WITH picked AS ({_claimable_jobs("now()", one_run=one_run)}
     FOR UPDATE OF j SKIP LOCKED
 ), leased AS (
     UPDATE jobs SET lease_token = md5(random()::text || clock_timestamp()::text || jobs.id::text),
@@ -54,17 +57,29 @@ WITH picked AS ({_claimable_jobs("now()")}
 SELECT l.id, l.run_id, l.instance_id, l.stage, l.lease_token, l.receive_count, l.visible_at
 FROM leased l, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 """
-)
+    )
 
-SQLITE_CLAIM_JOBS: TextClause = text(
-    f"""
+
+PG_CLAIM: TextClause = _pg_claim(one_run=False)
+#: ``PG_CLAIM`` restricted to the jobs of one run (``:run_id``): the dispatcher claims each
+#: run's own fair share.
+PG_CLAIM_RUN: TextClause = _pg_claim(one_run=True)
+
+
+def _sqlite_claim_jobs(*, one_run: bool) -> TextClause:
+    return text(
+        f"""
 UPDATE jobs SET lease_token = lower(hex(randomblob(16))),
                 receive_count = receive_count + 1,
                 visible_at = :deadline
-WHERE id IN ({_claimable_jobs(":now")})
+WHERE id IN ({_claimable_jobs(":now", one_run=one_run)})
 RETURNING id, run_id, instance_id, stage, lease_token, receive_count
 """
-)
+    )
+
+
+SQLITE_CLAIM_JOBS: TextClause = _sqlite_claim_jobs(one_run=False)
+SQLITE_CLAIM_RUN_JOBS: TextClause = _sqlite_claim_jobs(one_run=True)
 
 SQLITE_CLAIM_INSTANCE: TextClause = text(
     f"""
