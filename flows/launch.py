@@ -3,7 +3,8 @@
 Parameters: an inline run config or a config URI (file path or ``s3://``), and an optional
 idempotency key (default: the S3 object's bucket/key/version, else the config's content hash).
 A launch that fails after the run row exists revokes the run's keys and marks it ``failed``
-with the reason before re-raising; a bad config fails before anything is written.
+with the reason before re-raising (a run an operator aborted meanwhile stays ``aborted``); a bad
+config fails before anything is written.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ def launch_run(
         return run_id
     try:
         keys.mint_keys(run_id, cfg.alias, cfg.caps.spend_micro_usd)
-        launch.enqueue_run(run_id, cfg.instances)
+        enqueued = launch.enqueue_run(run_id, cfg.instances)
     except Exception as exc:
         keys.revoke_keys(run_id)
         launch.fail_run(run_id, f"launch failed: {type(exc).__name__}: {exc}")
         raise
+    if not enqueued:  # aborted by an operator while launching: it stays aborted, keys revoked
+        keys.revoke_keys(run_id)
     return run_id

@@ -4,6 +4,9 @@ The launch unit (sequenced by ``flows.launch``): validate → ``runs`` row (``la
 pending instance rows → mint both keys → enqueue one job per instance and go ``running``. The
 run row comes first because the key rows reference it. A failure after the row exists revokes
 whatever keys were minted and marks the run ``failed`` with the reason; nothing is left live.
+A run an operator aborts while it is launching stays ``aborted``: enqueuing checks the state
+in the same transaction (nothing is enqueued), the keys are revoked, and ``fail_run`` never
+tries the illegal ``aborted → failed``.
 
 Idempotency: a launch carries an idempotency key (given, or the S3 object's bucket/key/version,
 or the config's content hash). A second launch with the same key returns the first run's id;
@@ -21,10 +24,12 @@ from sqlalchemy.exc import IntegrityError
 from evalfleet.config_sources import resolve_config
 from evalfleet.errors import ConfigError
 from evalfleet.runconfig import RunConfig
-from evalfleet.states import RunState
+from evalfleet.states import RunState, check_run_transition
 from harnesses import make_evaluator, make_harness
+from ledger.clock import db_now
+from ledger.db import write_transaction
 from ledger.models import Run
-from ledger.runs import NewRun, create_run, enqueue, set_run_state
+from ledger.runs import NewRun, create_run, enqueue
 from tasks.ledger_io import engine
 
 MAX_REASON_CHARS = 2_000
@@ -86,17 +91,51 @@ def write_run(cfg: RunConfig, source: str | None, idempotency_key: str) -> tuple
     return run_id, True
 
 
-def enqueue_run(run_id: str, instance_ids: tuple[str, ...]) -> None:
-    """Enqueue one job per instance, then ``launching → running``."""
-    with engine().begin() as conn:
+def enqueue_run(run_id: str, instance_ids: tuple[str, ...]) -> bool:
+    """Enqueue one job per instance and go ``launching → running``, in one transaction.
+
+    Returns False, enqueuing nothing, when the run is no longer ``launching`` (an operator
+    aborted it meanwhile): the caller then revokes its keys and leaves it as it is.
+    """
+    with write_transaction(engine()) as conn:
+        current = conn.execute(
+            select(Run.state).where(Run.id == run_id).with_for_update()
+        ).scalar_one()
+        if current != RunState.LAUNCHING.value:
+            return False
         enqueue(conn, run_id, instance_ids)
-    set_run_state(engine(), run_id, RunState.RUNNING)
-
-
-def fail_run(run_id: str, reason: str) -> None:
-    """Mark a run ``failed`` with the reason (the caller has revoked its keys)."""
-    set_run_state(engine(), run_id, RunState.FAILED)
-    with engine().begin() as conn:
+        check_run_transition(current, RunState.RUNNING)
         conn.execute(
-            update(Run).where(Run.id == run_id).values(failure_reason=reason[:MAX_REASON_CHARS])
+            update(Run)
+            .where(Run.id == run_id)
+            .values(state=RunState.RUNNING.value, updated_at=db_now(conn))
         )
+    return True
+
+
+_ENDED = frozenset({RunState.ABORTED.value, RunState.FAILED.value, RunState.CLOSED.value})
+
+
+def fail_run(run_id: str, reason: str) -> RunState:
+    """Mark a run ``failed`` with the reason (the caller has revoked its keys); returns the
+    run's state after. A run that already ended (aborted by an operator while launching) is
+    left as it is: its own ending stands and no illegal ``aborted → failed`` is attempted."""
+    with write_transaction(engine()) as conn:
+        current = conn.execute(
+            select(Run.state).where(Run.id == run_id).with_for_update()
+        ).scalar_one()
+        if current in _ENDED:
+            return RunState(current)
+        check_run_transition(current, RunState.FAILED)
+        now = db_now(conn)
+        conn.execute(
+            update(Run)
+            .where(Run.id == run_id)
+            .values(
+                state=RunState.FAILED.value,
+                updated_at=now,
+                closed_at=now,
+                failure_reason=reason[:MAX_REASON_CHARS],
+            )
+        )
+    return RunState.FAILED
