@@ -1,8 +1,9 @@
 """Flow ``dispatcher``: the admission loop that turns queued jobs into instance flow runs.
 
-Each pass asks ``tasks.dispatch.admissible`` how many jobs may start (ceilings, shares, caps,
-free launcher slots), claims that many and hands each job reference to the launcher. A launch
-that fails to start sends its job straight back to the queue. ``until_idle`` ends the loop once
+Each pass asks ``tasks.dispatch.admission`` how many jobs of each run may start (ceilings,
+fair shares by priority, caps, overrides, pauses, free launcher slots), claims each run's own
+allowance and hands each job reference to the launcher. A launch that fails to start sends its
+job straight back to the queue (and the rest of the pass's claims with it). ``until_idle`` ends the loop once
 no claimable run has a queued or live instance left (the demo and tests); otherwise it runs for ``max_passes``.
 """
 
@@ -26,16 +27,17 @@ def make_launcher(kind: str) -> dispatch.Launcher:
 
 def dispatch_pass(launcher: dispatch.Launcher) -> int:
     """One admission pass; returns how many instances were started."""
-    k = dispatch.admissible(get_settings().static_cap, launcher.free_slots())
-    started = 0
-    for lease in dispatch.claim_jobs(k):
+    allowed = dispatch.admission(get_settings().static_cap, launcher.free_slots())
+    leases = dispatch.claim_admitted(allowed)
+    for index, lease in enumerate(leases):
         try:
             launcher.launch(JobRef.of(lease))
         except Exception as exc:
-            instance.requeue(lease, exc)
+            # nothing claimed in this pass stays leased without a flow run to hold it
+            for unlaunched in leases[index:]:
+                instance.requeue(unlaunched, exc)
             raise
-        started += 1
-    return started
+    return len(leases)
 
 
 @flow(name="dispatcher", persist_result=False)
@@ -51,7 +53,9 @@ def dispatcher_loop(
         while max_passes is None or passes < max_passes:
             passes += 1
             started += dispatch_pass(chosen)
-            if until_idle and not any(x.queued or x.live for x in dispatch.run_loads()):
+            if until_idle and not any(
+                x.claimable and (x.queued or x.live) for x in dispatch.run_loads()
+            ):
                 break
             time.sleep(settings.dispatch_tick_s)
     finally:

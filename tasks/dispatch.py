@@ -1,12 +1,20 @@
-"""Dispatch: how many jobs may start now, claiming them, and the two launchers.
+"""Dispatch: how many jobs of each run may start now, claiming them, and the two launchers.
 
-Admission (per tick): for every alias with claimable runs, the alias ceiling is the planner's
-latest ``planner_decisions.ceiling`` (the static cap until a planner has decided); runs on the
-alias split it by priority within their own caps (``planner.shares.fair_shares``); a run's
-allowance is its share minus its live tasks (booting + running + evaluating: a claimed job is
-``booting`` before its flow run exists, so it counts at once). The total is bounded by the
-static cap and the launcher's free slots. Paused pools and runs admit nothing: ``claim`` checks
-the flags inside its own transaction.
+Admission (per pass, ``admission``): a run's ceiling is
+
+    min(static cap, its task cap, its ceiling override, its fair share of its alias's ceiling)
+
+where the alias's ceiling is min(the planner's latest ``planner_decisions.ceiling`` — the static
+cap until a planner has decided —, the operator's alias override). Runs on one alias split it by
+priority, each within its own caps and demand (``planner.shares.fair_shares``: a share one run
+cannot use goes to the others). A run's allowance is its ceiling minus its live tasks (booting +
+running + evaluating: a claimed job is ``booting`` before its flow run exists, so it counts at
+once), at most its queued jobs. The allowances are then bounded, again by priority, by what is
+left of the alias's ceiling, of the static cap (live tasks of every run count) and of the
+launcher's free slots. A paused harness pool admits nothing; a paused run (flag or state) keeps
+its live tasks but gets no new ones. ``claim_admitted`` claims each run's own allowance
+(``ledger.queue.claim(..., run_id=...)``), so the fleet follows the shares, not FIFO across runs;
+``claim`` re-checks the pause flags and run states inside its own statement.
 
 Launchers share one interface (``launch(ref)``, ``free_slots()``, ``wait()``):
 ``InProcessLauncher`` runs the run-instance flow in a bounded thread pool (the embedded
@@ -19,31 +27,35 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy import func, select
 
 from evalfleet.errors import StaleLease
 from evalfleet.settings import get_settings
-from evalfleet.states import INSTANCE_LEASED, RUN_CLAIMABLE
+from evalfleet.states import INSTANCE_LEASED, RUN_CLAIMABLE, RUN_TERMINAL
+from ledger.controls import alias_ceiling_overrides
 from ledger.models import InstanceResult, Job, PauseFlag, PlannerDecision, Run
-from ledger.queue import Lease, claim
+from ledger.queue import MAX_CLAIM, Lease, claim
 from planner.shares import RunDemand, fair_shares
 from tasks.instance import JobRef, requeue
-from tasks.ledger_io import engine
+from tasks.ledger_io import engine, sessions
 
 log = logging.getLogger(__name__)
 _LEASED = tuple(s.value for s in INSTANCE_LEASED)
 _CLAIMABLE = tuple(s.value for s in RUN_CLAIMABLE)
+_TERMINAL = tuple(s.value for s in RUN_TERMINAL)
+HARNESS_POOL = "harness"
 
 
 @dataclass(frozen=True)
 class RunLoad:
+    """One live run as admission sees it. ``claimable``: its state lets jobs be claimed."""
+
     run_id: str
     alias: str
     priority: float
@@ -52,15 +64,43 @@ class RunLoad:
     live: int
     queued: int
     paused: bool
+    claimable: bool = True
+
+    @property
+    def admits(self) -> bool:
+        """Whether the run may get new tasks at all (not paused, in a claimable state)."""
+        return self.claimable and not self.paused
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What admission reads from the ledger in one pass."""
+
+    loads: tuple[RunLoad, ...]
+    pool_paused: bool
+    planner_ceilings: Mapping[str, int] = field(default_factory=dict)
+    alias_overrides: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Per run: its ceiling and how many of its jobs may be claimed now."""
+
+    ceilings: Mapping[str, int]
+    allowed: Mapping[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.allowed.values())
 
 
 def run_loads() -> list[RunLoad]:
-    """Live and queued counts of every claimable run (harness pool)."""
+    """Live and queued counts of every run that is not terminal (harness pool)."""
     with engine().connect() as conn:
         runs = conn.execute(
-            select(Run.id, Run.alias, Run.priority, Run.task_cap, Run.ceiling_override).where(
-                Run.state.in_(_CLAIMABLE)
-            )
+            select(
+                Run.id, Run.alias, Run.priority, Run.task_cap, Run.ceiling_override, Run.state
+            ).where(Run.state.not_in(_TERMINAL))
         ).all()
         live: dict[str, int] = {
             run_id: int(n)
@@ -74,7 +114,7 @@ def run_loads() -> list[RunLoad]:
             run_id: int(n)
             for run_id, n in conn.execute(
                 select(Job.run_id, func.count())
-                .where(Job.pool == "harness", Job.lease_token.is_(None))
+                .where(Job.pool == HARNESS_POOL, Job.lease_token.is_(None))
                 .group_by(Job.run_id)
             ).all()
         }
@@ -93,6 +133,7 @@ def run_loads() -> list[RunLoad]:
             live=int(live.get(r.id, 0)),
             queued=int(queued.get(r.id, 0)),
             paused=r.id in paused,
+            claimable=r.state in _CLAIMABLE,
         )
         for r in runs
     ]
@@ -117,43 +158,93 @@ def planner_ceilings(aliases: set[str]) -> dict[str, int]:
     return {alias: int(ceiling) for alias, ceiling in rows}
 
 
-def run_ceilings(
-    loads: list[RunLoad], alias_ceilings: Mapping[str, int], static_cap: int
-) -> dict[str, int]:
-    """Each run's ceiling: min(static cap, its cap, its override, its fair share of the alias)."""
+def pool_paused(pool: str = HARNESS_POOL) -> bool:
+    """Whether the ledger's pause flag of ``pool`` is set."""
+    with engine().connect() as conn:
+        row = conn.execute(
+            select(PauseFlag.paused).where(PauseFlag.scope == "pool", PauseFlag.target == pool)
+        ).first()
+    return bool(row is not None and row[0])
+
+
+def read_fleet() -> Fleet:
+    """Everything one admission pass needs, read from the ledger."""
+    loads = tuple(run_loads())
+    aliases = {x.alias for x in loads}
+    with sessions()() as session:
+        overrides = {a: v for a, v in alias_ceiling_overrides(session).items() if a in aliases}
+    return Fleet(loads, pool_paused(), planner_ceilings(aliases), overrides)
+
+
+def _own_cap(load: RunLoad, static_cap: int) -> int:
+    caps = [static_cap]
+    caps += [c for c in (load.task_cap, load.ceiling_override) if c is not None]
+    return max(0, min(caps))
+
+
+def alias_ceiling(fleet: Fleet, alias: str, static_cap: int) -> int:
+    """min(planner ceiling (static cap until decided), operator alias override, static cap)."""
+    values = [static_cap, fleet.planner_ceilings.get(alias, static_cap)]
+    if alias in fleet.alias_overrides:
+        values.append(fleet.alias_overrides[alias])
+    return max(0, min(values))
+
+
+def run_ceilings(fleet: Fleet, static_cap: int) -> dict[str, int]:
+    """Each run's ceiling: min(static cap, its cap, its override, its share of the alias)."""
     ceilings: dict[str, int] = {}
-    for alias in {load.alias for load in loads}:
-        on_alias = [load for load in loads if load.alias == alias]
+    for alias in sorted({load.alias for load in fleet.loads}):
         demands = []
-        for load in on_alias:
-            cap = min(
-                static_cap,
-                load.task_cap if load.task_cap is not None else math.inf,
-                load.ceiling_override if load.ceiling_override is not None else math.inf,
-            )
-            usable = 0 if load.paused else int(min(cap, load.live + load.queued))
-            demands.append(RunDemand(load.run_id, load.priority, usable))
-        shares = fair_shares(alias_ceilings.get(alias, static_cap), demands)
-        ceilings.update(shares)
+        for load in (x for x in fleet.loads if x.alias == alias):
+            cap = _own_cap(load, static_cap)
+            # a run that admits nothing can still hold (and use) the slots of its live tasks
+            wanted = load.live + (load.queued if load.admits else 0)
+            demands.append(RunDemand(load.run_id, load.priority, min(cap, wanted)))
+        ceilings.update(fair_shares(alias_ceiling(fleet, alias, static_cap), demands))
     return ceilings
 
 
-def admissible(static_cap: int, free_slots: int) -> int:
-    """How many jobs may be claimed now (see the module docstring)."""
-    loads = run_loads()
-    if not loads:
-        return 0
-    ceilings = run_ceilings(loads, planner_ceilings({x.alias for x in loads}), static_cap)
-    wanted = sum(max(0, ceilings[x.run_id] - x.live) for x in loads if x.queued > 0)
-    room = static_cap - sum(x.live for x in loads)
-    return max(0, min(wanted, room, free_slots))
+def _bounded(room: int, loads: Sequence[RunLoad], wanted: Mapping[str, int]) -> dict[str, int]:
+    """Cut ``wanted`` down to ``room`` in total, by priority (unchanged when it fits)."""
+    if sum(wanted.values()) <= room:
+        return dict(wanted)
+    demands = [RunDemand(x.run_id, x.priority, wanted[x.run_id]) for x in loads]
+    return dict(fair_shares(max(0, room), demands))
 
 
-def claim_jobs(k: int) -> list[Lease]:
-    """Claim up to ``k`` jobs of the harness pool (nothing when paused)."""
-    if k <= 0:
-        return []
-    return claim(engine(), "harness", k)
+def plan_admission(fleet: Fleet, static_cap: int, free_slots: int) -> Admission:
+    """Pure: how many jobs of each run may be claimed now (see the module docstring)."""
+    ceilings = run_ceilings(fleet, static_cap)
+    if fleet.pool_paused:
+        return Admission(ceilings, {x.run_id: 0 for x in fleet.loads})
+    wanted = {
+        x.run_id: max(0, min(ceilings[x.run_id] - x.live, x.queued)) if x.admits else 0
+        for x in fleet.loads
+    }
+    for alias in {x.alias for x in fleet.loads}:
+        on_alias = [x for x in fleet.loads if x.alias == alias]
+        room = alias_ceiling(fleet, alias, static_cap) - sum(x.live for x in on_alias)
+        wanted.update(_bounded(room, on_alias, {x.run_id: wanted[x.run_id] for x in on_alias}))
+    room = min(static_cap - sum(x.live for x in fleet.loads), free_slots)
+    return Admission(ceilings, _bounded(room, fleet.loads, wanted))
+
+
+def admission(static_cap: int, free_slots: int) -> Admission:
+    """``plan_admission`` on the ledger's current state."""
+    return plan_admission(read_fleet(), static_cap, free_slots)
+
+
+def claim_admitted(allowed: Admission) -> list[Lease]:
+    """Claim each run's allowance from its own jobs (nothing while paused: checked at claim)."""
+    leases: list[Lease] = []
+    for run_id, k in sorted(allowed.allowed.items()):
+        while k > 0:
+            got = claim(engine(), HARNESS_POOL, min(k, MAX_CLAIM), run_id=run_id)
+            leases.extend(got)
+            if len(got) < min(k, MAX_CLAIM):
+                break
+            k -= len(got)
+    return leases
 
 
 class Launcher(Protocol):
