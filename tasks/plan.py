@@ -1,77 +1,120 @@
-"""Planner-loop tasks: read each alias's fleet and budgets, decide, record the decision.
+"""Planner-loop tasks: per alias, read the fleet, advance the budget controller, decide, record,
+and push the budgets to the pacer's Prefect limits. Each function here is one side effect (or a
+read); ``flows/planner_loop.py`` sequences them once per tick, and ``plan_tick`` runs the ledger
+part of a tick in one call (tests, embedded callers).
 
-Per alias with claimable runs (one tick): the running tasks' ages (from ``started_at``; the
-clock is read here, in the task, and passed to the pure planner), booting and queued counts,
-whether the harness pool (ledger flag or the Prefect work pool) or every run is paused, the
-caps, and the budgets (the alias's ``pacer_configs`` row, else its configured seed). The pure
-``planner.sizing.decide`` turns that into a ``Decision``; one ``planner_decisions`` row per alias
-is written. The curve is the shipped default curve of the harness (``planner.curves``).
+One tick, per alias with claimable runs (the clock is read by the flow and passed in):
+
+1. ``read_fleet`` — the running tasks' ages (booting ones counted apart, as age-0 candidates),
+   queued jobs, the harness of most of the alias's work, pauses (the harness pool's ledger flag
+   or the Prefect work pool's pause, every run paused), caps: the static cap, the runs' task
+   caps, the runs' ceiling overrides and the alias's own override (``alias_controls``).
+2. ``advance_budgets`` — the controller (``planner.budgets``): its state is loaded from
+   ``pacer_states`` (or seeded from the ``pacer_configs`` row, else the alias file's seed; an
+   operator edit — a new ``pacer_configs`` version — re-seeds it), stepped with what the
+   gateway recorded since the previous tick (``ledger.pacer_state.read_window``: 429s by limit
+   type, overloads, spend errors, utilisation, headers observed since the last tick), and saved.
+3. ``pause_for_spend`` — a spend or billing error pauses the runs it hit (ledger flag + audit).
+4. ``decide_all`` — ``planner.sizing.decide`` with the harness's newest curve
+   (``ledger.curves.CurveCache``: a version written between two ticks is used at the next; a
+   harness with no curve of its own uses the default harness's), the controller's budgets,
+   its cooldown and stale flags.
+5. ``record_decisions`` — one ``planner_decisions`` row per alias.
+6. ``push_pacer_limits`` — the budgets to the alias's Prefect global concurrency limits
+   (``gateway.pacer_prefect.push_budgets``), which the gateway's Prefect pacer follows.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import logging
+from collections import Counter
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
-from sqlalchemy import func, insert, select
+from numpy.typing import NDArray
+from sqlalchemy import Connection, Engine, func, insert, select
+from sqlalchemy.orm import Session
 
+from evalfleet.errors import NotFound
 from evalfleet.settings import get_settings
 from evalfleet.states import RUN_CLAIMABLE
-from gateway.aliases import load_aliases
+from gateway.aliases import Alias, Aliases, load_aliases
+from gateway.pacer_local import seed_budgets, token_class
+from ledger import pacer_state
+from ledger.clock import as_utc
+from ledger.controls import alias_ceiling_overrides
+from ledger.curves import CurveCache, StoredCurve
 from ledger.models import InstanceResult, Job, PacerConfig, PauseFlag, PlannerDecision, Run
-from planner.curves import HarnessCurve, default_curve
+from ledger.pauses import set_pause
+from planner.budgets import (
+    Budgets,
+    BudgetState,
+    ControllerActions,
+    ControllerConfig,
+    SeedSource,
+    WindowObservation,
+    initial_state,
+    step,
+)
+from planner.curves import DEFAULT_HARNESS
 from planner.decision import Decision
 from planner.sizing import Caps, Counting, FleetState, SizingConfig, decide
 from tasks.ledger_io import engine
 
-STALE_AFTER = timedelta(hours=6)
+log = logging.getLogger(__name__)
+
 _CLAIMABLE = tuple(s.value for s in RUN_CLAIMABLE)
+_LIVE = ("booting", "running", "evaluating")
+PLANNER_ACTOR = "planner"
 
 
 @dataclass(frozen=True)
-class Budgets:
-    calls_per_s: float
-    tokens_per_s: float
-    output_tokens_per_s: float | None
-    inflight_tokens: float
-    cached_input_counts: bool
-    stale: bool
+class AliasFleet:
+    """What the planner sees of one alias's fleet at a tick."""
+
+    alias: str
+    harness: str
+    run_ids: tuple[str, ...]
+    ages: NDArray[np.float64]
+    booting: int
+    queued: int
+    paused: bool
+    caps: Caps
+
+
+@dataclass(frozen=True)
+class BudgetStep:
+    """The controller's tick for one alias: its new state, what it did, runs to pause."""
+
+    alias: str
+    state: BudgetState
+    actions: ControllerActions
+    pause_runs: tuple[str, ...]
+    burst_s: float
+    cooldown_s: float
+
+
+def aliases() -> Aliases:
+    """The aliases in force (the settings' file, else the embedded default)."""
+    s = get_settings()
+    return load_aliases(s.aliases_file, provider_sim_url=s.provider_sim_url)
 
 
 @functools.cache
-def _curve() -> HarnessCurve:
-    return default_curve()
+def _curve_cache(eng: Engine) -> CurveCache:
+    return CurveCache(eng)
 
 
-def budgets_for(alias: str, now: datetime) -> Budgets:
-    """The alias's current pacer budgets (ledger row, else the configured seed)."""
-    with engine().connect() as conn:
-        row = conn.execute(
-            select(PacerConfig).where(PacerConfig.alias == alias)
-        ).scalar_one_or_none()
-    if row is not None:
-        seeded = row.seeded_at if row.seeded_at.tzinfo else row.seeded_at.replace(tzinfo=UTC)
-        return Budgets(
-            row.calls_per_s,
-            row.tokens_per_s,
-            row.output_tokens_per_s,
-            row.inflight_tokens,
-            row.cached_input_counts,
-            stale=now - seeded > STALE_AFTER,
-        )
-    s = get_settings()
-    seed = load_aliases(s.aliases_file, provider_sim_url=s.provider_sim_url).get(alias)
-    return Budgets(
-        seed.pacer.calls_per_s,
-        seed.pacer.tokens_per_s,
-        seed.pacer.output_tokens_per_s,
-        seed.pacer.inflight_tokens,
-        seed.cached_input_counts,
-        stale=False,
-    )
+def curve_for(harness: str) -> StoredCurve:
+    """The harness's newest curve; the default harness's when it has none (stored or shipped)."""
+    cache = _curve_cache(engine())
+    try:
+        return cache.get(harness)
+    except NotFound:
+        return cache.get(DEFAULT_HARNESS)
 
 
 def prefect_pool_paused(pool: str) -> bool:
@@ -86,25 +129,28 @@ def prefect_pool_paused(pool: str) -> bool:
             return False
 
 
-def plan_tick(now: datetime, prefect_paused: bool) -> dict[str, Decision]:
-    """Decide every alias with claimable runs; write one planner_decisions row each."""
+# ---------------------------------------------------------------------------------------------
+# 1. the fleet
+
+
+def read_fleet(now: datetime, prefect_paused: bool) -> list[AliasFleet]:
+    """Every alias with claimable runs, as the planner sees it at ``now``."""
     settings = get_settings()
-    decisions: dict[str, Decision] = {}
     with engine().connect() as conn:
         runs = conn.execute(
-            select(Run.id, Run.alias, Run.task_cap, Run.ceiling_override).where(
+            select(Run.id, Run.alias, Run.harness, Run.task_cap, Run.ceiling_override).where(
                 Run.state.in_(_CLAIMABLE)
             )
         ).all()
-        paused_flags = {
+        flags = {
             (scope, target)
             for scope, target in conn.execute(
                 select(PauseFlag.scope, PauseFlag.target).where(PauseFlag.paused.is_(True))
             ).all()
         }
-        started = conn.execute(
+        live = conn.execute(
             select(InstanceResult.run_id, InstanceResult.state, InstanceResult.started_at).where(
-                InstanceResult.state.in_(("booting", "running", "evaluating"))
+                InstanceResult.state.in_(_LIVE)
             )
         ).all()
         queued = {
@@ -115,49 +161,47 @@ def plan_tick(now: datetime, prefect_paused: bool) -> dict[str, Decision]:
                 .group_by(Job.run_id)
             ).all()
         }
-    pool_paused = prefect_paused or ("pool", "harness") in paused_flags
+        with Session(bind=conn) as session:
+            alias_overrides = alias_ceiling_overrides(session)
+    pool_paused = prefect_paused or ("pool", "harness") in flags
+    fleets = []
     for alias in sorted({r.alias for r in runs}):
         on_alias = [r for r in runs if r.alias == alias]
         ids = {r.id for r in on_alias}
+        mine = [(s, t) for run_id, s, t in live if run_id in ids]
         ages = np.array(
             [
-                max(0.0, (now - _utc(t)).total_seconds())
-                for run_id, state, t in started
-                if run_id in ids and state != "booting" and t is not None
+                max(0.0, (now - as_utc(t)).total_seconds())
+                for s, t in mine
+                if s != "booting" and t is not None
             ],
             dtype=np.float64,
         )
-        booting = sum(1 for run_id, state, _ in started if run_id in ids and state == "booting")
-        all_paused = all(("run", r.id) in paused_flags for r in on_alias)
-        budgets = budgets_for(alias, now)
-        fleet = FleetState(
-            now=now.timestamp(),
-            ages=ages,
-            booting=booting,
-            queued=sum(queued.get(i, 0) for i in ids),
-            paused=pool_paused or all_paused,
-            stale=budgets.stale,
-        )
-        caps = Caps(
-            static=settings.static_cap,
-            run=_sum_or_none([r.task_cap for r in on_alias]),
-            override=_sum_or_none([r.ceiling_override for r in on_alias]),
-        )
-        decision = decide(
-            fleet, _curve(), budgets, Counting(budgets.cached_input_counts), caps, SizingConfig()
-        )
-        decisions[alias] = decision
-    if decisions:
-        with engine().begin() as conn:
-            conn.execute(
-                insert(PlannerDecision),
-                [{"alias": a, "tick_at": now, **d.as_row()} for a, d in decisions.items()],
+        # a started task without a start time is as fresh as a booting one
+        booting = sum(1 for s, t in mine if s == "booting" or t is None)
+        work = Counter[str]()
+        for r in on_alias:
+            work[r.harness] += queued.get(r.id, 0) + sum(1 for run_id, *_ in live if run_id == r.id)
+        harness = max(sorted(work), key=lambda h: work[h])
+        run_override = _sum_or_none([r.ceiling_override for r in on_alias])
+        override = _min_or_none(run_override, alias_overrides.get(alias))
+        fleets.append(
+            AliasFleet(
+                alias=alias,
+                harness=harness,
+                run_ids=tuple(sorted(ids)),
+                ages=ages,
+                booting=booting,
+                queued=sum(queued.get(i, 0) for i in ids),
+                paused=pool_paused or all(("run", i) in flags for i in ids),
+                caps=Caps(
+                    static=settings.static_cap,
+                    run=_sum_or_none([r.task_cap for r in on_alias]),
+                    override=override,
+                ),
             )
-    return decisions
-
-
-def _utc(value: datetime) -> datetime:
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+        )
+    return fleets
 
 
 def _sum_or_none(values: list[int | None]) -> int | None:
@@ -167,17 +211,260 @@ def _sum_or_none(values: list[int | None]) -> int | None:
     return sum(v for v in values if v is not None)
 
 
-def decision_table(decisions: dict[str, Decision]) -> list[dict[str, Any]]:
+def _min_or_none(a: int | None, b: int | None) -> int | None:
+    present = [v for v in (a, b) if v is not None]
+    return min(present) if present else None
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. the budget controller
+
+
+def _row_budgets(values: dict[str, Any]) -> Budgets:
+    return Budgets(
+        calls_per_s=float(values["calls_per_s"]),
+        tokens_per_s=float(values["tokens_per_s"]),
+        output_tokens_per_s=(
+            None if values.get("output_tokens_per_s") is None else values["output_tokens_per_s"]
+        ),
+        inflight_tokens=float(values["inflight_tokens"]),
+    )
+
+
+def _seeded(
+    conn: Connection, alias: Alias, row: PacerConfig | None, now: datetime, cfg: ControllerConfig
+) -> BudgetState:
+    """A fresh controller state from the ``pacer_configs`` row, else the alias file's seed."""
+    headers = pacer_state.fresh_header_limits(
+        conn, alias.name, now - timedelta(seconds=cfg.stale_after_s)
+    )
+    if row is None:
+        return initial_state(
+            seed_budgets(alias),
+            now.timestamp(),
+            observed_limits=headers,
+            cached_input_counts=alias.cached_input_counts,
+            token_class=token_class(alias),
+            config=cfg,
+        )
+    state = initial_state(
+        _row_budgets(dict(row.seed)),
+        now.timestamp(),
+        seeded_at=as_utc(row.seeded_at).timestamp(),
+        cached_input_counts=row.cached_input_counts,
+        token_class=token_class(alias),
+        config=cfg,
+    )
+    in_force = _row_budgets(
+        {k: getattr(row, k) for k in ("calls_per_s", "tokens_per_s", "inflight_tokens")}
+        | {"output_tokens_per_s": row.output_tokens_per_s}
+    )
+    state = replace(state, budgets=in_force, seed_source=cast(SeedSource, row.seed_source))
+    if headers:  # stated limits stay hard caps over an operator's values
+        state, _ = step(state, WindowObservation(now=now.timestamp(), observed_limits=headers), cfg)
+    return state
+
+
+def advance_budgets(now: datetime, alias_names: list[str]) -> dict[str, BudgetStep]:
+    """Step each alias's controller over the calls since its previous tick; save the states."""
+    settings = get_settings()
+    known = aliases()
+    out: dict[str, BudgetStep] = {}
+    eng = engine()
+    for name in alias_names:
+        alias = known.find(name)
+        if alias is None:
+            log.error("alias %s of a claimable run is not configured: not planned", name)
+            continue
+        with eng.connect() as conn:
+            with Session(bind=conn, expire_on_commit=False) as session:
+                row = session.scalars(
+                    select(PacerConfig).where(PacerConfig.alias == name)
+                ).one_or_none()
+                if row is not None:
+                    session.expunge(row)
+            burst_s = row.burst_s if row is not None else alias.pacer.burst_s
+            cooldown_s = row.cooldown_s if row is not None else alias.pacer.cooldown_s
+            cfg = ControllerConfig(
+                window_s=min(max(settings.planner_tick_s, 1.0), 300.0), cooldown_s=cooldown_s
+            )
+            version = row.version if row is not None else 0
+            stored = pacer_state.load_state(conn, name)
+            if stored is None:
+                state = _seeded(conn, alias, row, now, cfg)
+                after_id = pacer_state.latest_call_id(conn)
+                since: datetime | None = now - timedelta(seconds=cfg.window_s)
+                window_s = cfg.window_s
+            else:
+                state = stored.state
+                if stored.config_version != version:  # an operator edited the pacer
+                    fresh = _seeded(conn, alias, row, now, cfg)
+                    state = replace(
+                        fresh,
+                        cooldown_until=state.cooldown_until,
+                        backoff_until=state.backoff_until,
+                    )
+                after_id, since = stored.last_call_id, stored.tick_at
+                window_s = max((now - stored.tick_at).total_seconds(), 1.0)
+            window = pacer_state.read_window(
+                conn,
+                name,
+                after_id,
+                token_class=state.token_class,
+                cached_input_counts=state.cached_input_counts,
+            )
+            headers = pacer_state.fresh_header_limits(conn, name, since)
+        obs = WindowObservation(
+            now=now.timestamp(),
+            throttles=tuple((lt, None) for lt in window.throttles),
+            overloads=window.overloads,
+            spend_errors=window.spend_errors,
+            observed_limits=headers,
+            utilisation=window.utilisation(state.budgets, window_s),
+        )
+        state, actions = step(state, obs, cfg)
+        for note in actions.notes:
+            log.info("alias %s: %s", name, note)
+        pacer_state.save_state(
+            eng,
+            pacer_state.StoredState(
+                alias=name,
+                state=state,
+                config_version=version,
+                last_call_id=max(window.last_call_id, after_id),
+                tick_at=now,
+            ),
+        )
+        out[name] = BudgetStep(
+            alias=name,
+            state=state,
+            actions=actions,
+            pause_runs=window.spend_runs if actions.pause_run else (),
+            burst_s=burst_s,
+            cooldown_s=cooldown_s,
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 3.-6. spend pauses, decisions, their rows, the Prefect limits
+
+
+def pause_for_spend(steps: dict[str, BudgetStep]) -> list[str]:
+    """Pause (ledger flag + audit row) every run a spend/billing error hit; returns them."""
+    paused = []
+    eng = engine()
+    with eng.connect() as conn:
+        already = set(
+            conn.execute(
+                select(PauseFlag.target).where(PauseFlag.scope == "run", PauseFlag.paused.is_(True))
+            ).scalars()
+        )
+    for s in steps.values():
+        for run_id in s.pause_runs:
+            if run_id in already:
+                continue
+            set_pause(
+                eng,
+                "run",
+                run_id,
+                True,
+                actor=PLANNER_ACTOR,
+                reason=f"provider spend or billing error on alias {s.alias}: run paused by the "
+                "planner; resume it once the spend cap or the billing problem is fixed",
+            )
+            paused.append(run_id)
+    return paused
+
+
+def decide_all(
+    now: datetime, fleets: list[AliasFleet], steps: dict[str, BudgetStep]
+) -> dict[str, Decision]:
+    """One decision per alias the controller stepped (pure but for the curve reads)."""
+    sizing = SizingConfig()
+    t = now.timestamp()
+    decisions: dict[str, Decision] = {}
+    for fleet in fleets:
+        s = steps.get(fleet.alias)
+        if s is None:
+            continue
+        state = FleetState(
+            now=t,
+            ages=fleet.ages,
+            booting=fleet.booting,
+            queued=fleet.queued,
+            paused=fleet.paused or all(r in s.pause_runs for r in fleet.run_ids),
+            in_cooldown=s.state.in_cooldown(t),
+            stale=s.actions.stale,
+        )
+        counting = Counting(
+            cached_input_counts=s.state.cached_input_counts,
+            combined=s.state.token_class == "combined",
+        )
+        curve = curve_for(fleet.harness).curve
+        decisions[fleet.alias] = decide(state, curve, s.state.budgets, counting, fleet.caps, sizing)
+    return decisions
+
+
+def record_decisions(now: datetime, decisions: dict[str, Decision]) -> None:
+    """Write one ``planner_decisions`` row per alias."""
+    if not decisions:
+        return
+    with engine().begin() as conn:
+        conn.execute(
+            insert(PlannerDecision),
+            [{"alias": a, "tick_at": now, **d.as_row()} for a, d in decisions.items()],
+        )
+
+
+def push_pacer_limits(steps: dict[str, BudgetStep]) -> list[str]:
+    """Write each alias's budgets to its Prefect limits; returns the aliases pushed."""
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    from gateway.pacer_prefect import push_budgets
+
+    known = aliases()
+    pushed = []
+    for name, s in sorted(steps.items()):
+        alias = known.get(name)
+        alias = alias.model_copy(
+            update={"pacer": alias.pacer.model_copy(update={"burst_s": s.burst_s})}
+        )
+        run_coro_as_sync(push_budgets(alias, s.state.budgets))
+        pushed.append(name)
+    return pushed
+
+
+def plan_tick(now: datetime, prefect_paused: bool) -> dict[str, Decision]:
+    """The ledger part of one tick (steps 1-5) in one call; the loop flow runs them as tasks."""
+    fleets = read_fleet(now, prefect_paused)
+    steps = advance_budgets(now, [f.alias for f in fleets])
+    pause_for_spend(steps)
+    decisions = decide_all(now, fleets, steps)
+    record_decisions(now, decisions)
+    return decisions
+
+
+def decision_table(
+    decisions: dict[str, Decision], steps: dict[str, BudgetStep] | None = None
+) -> list[dict[str, Any]]:
     """Rows of the planner's Prefect table artifact."""
-    return [
-        {
-            "alias": alias,
-            "ceiling": d.ceiling,
-            "live": d.live,
-            "booting": d.booting,
-            "queued": d.queued,
-            "launches_allowed": d.launches_allowed,
-            "binding": d.binding.value,
-        }
-        for alias, d in sorted(decisions.items())
-    ]
+    rows = []
+    for alias, d in sorted(decisions.items()):
+        s = (steps or {}).get(alias)
+        rows.append(
+            {
+                "alias": alias,
+                "ceiling": d.ceiling,
+                "live": d.live,
+                "booting": d.booting,
+                "queued": d.queued,
+                "launches_allowed": d.launches_allowed,
+                "binding": d.binding.value,
+                "calls_per_s": round(d.budgets.get("calls_per_s", 0.0), 3),
+                "tokens_per_s": round(d.budgets.get("tokens_per_s", 0.0), 1),
+                "cut": ",".join(s.actions.cut) if s else "",
+                "at": datetime.fromtimestamp(d.now, UTC).isoformat(timespec="seconds"),
+            }
+        )
+    return rows

@@ -330,11 +330,6 @@ def test_curves_fit_refuses_a_thin_window_and_bad_times(
 # ----------------------------------------------------------------------------- planner loop
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tasks/plan.py sizes every alias with the shipped default curve (functools.cache on "
-    "default_curve()); it must call ledger.curves.CurveCache.get(run harness) each tick",
-)
 def test_planner_loop_uses_a_version_written_before_its_next_tick(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

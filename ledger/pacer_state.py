@@ -1,0 +1,354 @@
+"""The budget controller's state in the ledger, and what the gateway saw since the last tick.
+
+The planner loop advances ``planner.budgets`` once per tick and alias. Two things it needs
+live here, so that ``tasks/plan.py`` stays a sequence of reads and writes:
+
+* ``pacer_states`` rows: a ``BudgetState`` as JSON (``state_to_json`` / ``state_from_json``;
+  -inf, "never", is stored as null because PostgreSQL's JSON has no infinities), the
+  ``pacer_configs`` version it follows, the newest ``llm_calls`` id already observed and the
+  tick time. ``load_state`` / ``save_state``: a restarted loop continues with the same budgets,
+  cooldowns and 429 memory instead of re-seeding.
+* ``read_window``: the ``llm_calls`` of one alias after the watermark id — 429s by limit type,
+  overloads, spend errors (and the runs they hit), the counted usage of each budget class — and
+  ``fresh_header_limits``: the provider's latest stated limits when they were observed after the
+  previous tick (an old observation must not keep a stale seed looking fresh).
+
+A malformed stored state is a ``ConfigError`` naming the field, never a silent reset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from evalfleet.errors import ConfigError
+from ledger.clock import as_utc
+from ledger.db import write_transaction
+from ledger.models import AliasObservation, LlmCall, PacerState
+from planner.budgets import BudgetClass, Budgets, BudgetState, SeedSource, TokenClass
+from planner.classify import LimitType
+
+__all__ = [
+    "StoredState",
+    "WindowCalls",
+    "fresh_header_limits",
+    "latest_call_id",
+    "load_state",
+    "read_window",
+    "save_state",
+    "state_from_json",
+    "state_to_json",
+]
+
+_BUDGET_FIELDS = ("calls_per_s", "tokens_per_s", "output_tokens_per_s", "inflight_tokens")
+_RATE_TYPES = {
+    LimitType.REQUESTS.value,
+    LimitType.TOKENS.value,
+    LimitType.INPUT_TOKENS.value,
+    LimitType.OUTPUT_TOKENS.value,
+    LimitType.UNKNOWN.value,
+}
+_OVERLOAD_STATUS = (503, 529)
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """One ``pacer_states`` row."""
+
+    alias: str
+    state: BudgetState
+    config_version: int
+    last_call_id: int
+    tick_at: datetime
+
+
+@dataclass(frozen=True)
+class WindowCalls:
+    """What the gateway recorded for one alias after the watermark (``llm_calls`` rows)."""
+
+    calls: int
+    throttles: tuple[LimitType, ...]
+    overloads: int
+    spend_errors: int
+    spend_runs: tuple[str, ...]
+    usage: Mapping[BudgetClass, float]  # summed over the window (in-flight: token-seconds)
+    last_call_id: int
+
+    def utilisation(self, budgets: Budgets, window_s: float) -> dict[BudgetClass, float]:
+        """Share of each budget the window used (rates over ``window_s``)."""
+        out: dict[BudgetClass, float] = {}
+        for cls in budgets.classes():
+            budget = budgets.get(cls)
+            if budget is not None and budget > 0 and window_s > 0:
+                out[cls] = self.usage.get(cls, 0.0) / window_s / budget
+        return out
+
+
+def _budgets_json(b: Budgets) -> dict[str, float | None]:
+    return {name: getattr(b, name) for name in _BUDGET_FIELDS}
+
+
+def _time(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _classes(m: Mapping[BudgetClass, float]) -> dict[str, float]:
+    return {str(k): float(v) for k, v in m.items()}
+
+
+def state_to_json(state: BudgetState) -> dict[str, Any]:
+    """A ``BudgetState`` as JSON-safe data (no infinities)."""
+    return {
+        "seed": _budgets_json(state.seed),
+        "budgets": _budgets_json(state.budgets),
+        "seeded_at": state.seeded_at,
+        "seed_source": state.seed_source,
+        "token_class": state.token_class,
+        "cached_input_counts": state.cached_input_counts,
+        "stale_after_s": state.stale_after_s,
+        "cooldown_until": _time(state.cooldown_until),
+        "backoff_until": _time(state.backoff_until),
+        "hard_caps": _classes(state.hard_caps),
+        "last_429_level": _classes(state.last_429_level),
+        "last_429_at": _classes(state.last_429_at),
+        "last_cut_at": _classes(state.last_cut_at),
+        "cuts_below_seed": {str(k): list(v) for k, v in state.cuts_below_seed.items()},
+        "observed": _classes(state.observed),
+        "observed_at": state.observed_at,
+    }
+
+
+def _num(data: Mapping[str, Any], key: str, problems: list[str], *, none_is: float) -> float:
+    value = data.get(key)
+    if value is None:
+        return none_is
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        problems.append(f"{key}: must be a number, got {value!r}")
+        return none_is
+    return float(value)
+
+
+def _class_map(data: Mapping[str, Any], key: str, problems: list[str]) -> dict[BudgetClass, Any]:
+    raw = data.get(key) or {}
+    if not isinstance(raw, dict):
+        problems.append(f"{key}: must be an object")
+        return {}
+    out: dict[BudgetClass, Any] = {}
+    for name, value in raw.items():
+        try:
+            out[BudgetClass(name)] = value
+        except ValueError:
+            problems.append(f"{key}.{name}: not a budget class")
+    return out
+
+
+def _budgets_from(data: Any, key: str, problems: list[str]) -> Budgets | None:
+    if not isinstance(data, dict) or set(data) != set(_BUDGET_FIELDS):
+        problems.append(f"{key}: must hold exactly {', '.join(_BUDGET_FIELDS)}")
+        return None
+    try:
+        return Budgets(**data)
+    except ConfigError as exc:
+        problems.extend(f"{key}.{p}" for p in exc.problems)
+    except TypeError as exc:
+        problems.append(f"{key}: {exc}")
+    return None
+
+
+def state_from_json(data: Any, *, source: str) -> BudgetState:
+    """The ``BudgetState`` stored by ``state_to_json``; ``ConfigError`` naming what is wrong."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["state: must be an object"])
+    problems: list[str] = []
+    seed = _budgets_from(data.get("seed"), "seed", problems)
+    budgets = _budgets_from(data.get("budgets"), "budgets", problems)
+    token_class = data.get("token_class")
+    if token_class not in ("input", "combined"):
+        problems.append(f"token_class: must be input or combined, got {token_class!r}")
+    seed_source = data.get("seed_source")
+    if seed_source not in ("config", "headers", "operator", "controller"):
+        problems.append(f"seed_source: unknown source {seed_source!r}")
+    if not isinstance(data.get("cached_input_counts"), bool):
+        problems.append("cached_input_counts: must be true or false")
+    seeded_at = _num(data, "seeded_at", problems, none_is=math.nan)
+    if math.isnan(seeded_at):
+        problems.append("seeded_at: required")
+    maps = {
+        k: _class_map(data, k, problems)
+        for k in ("hard_caps", "last_429_level", "last_429_at", "last_cut_at", "observed")
+    }
+    cuts = _class_map(data, "cuts_below_seed", problems)
+    for name, values in [*maps.items(), ("cuts_below_seed", cuts)]:
+        for cls, v in values.items():
+            items = v if name == "cuts_below_seed" else [v]
+            if not isinstance(items, list) or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) for x in items
+            ):
+                problems.append(f"{name}.{cls}: must be numbers")
+    observed_at = data.get("observed_at")
+    if observed_at is not None and not isinstance(observed_at, int | float):
+        problems.append("observed_at: must be a number or null")
+    stale_after_s = _num(data, "stale_after_s", problems, none_is=6 * 3600.0)
+    cooldown_until = _num(data, "cooldown_until", problems, none_is=-math.inf)
+    backoff_until = _num(data, "backoff_until", problems, none_is=-math.inf)
+    if problems or seed is None or budgets is None:
+        raise ConfigError(source, problems)
+    return BudgetState(
+        seed=seed,
+        budgets=budgets,
+        seeded_at=seeded_at,
+        seed_source=cast(SeedSource, seed_source),
+        token_class=cast(TokenClass, token_class),
+        cached_input_counts=bool(data["cached_input_counts"]),
+        stale_after_s=stale_after_s,
+        cooldown_until=cooldown_until,
+        backoff_until=backoff_until,
+        hard_caps={k: float(v) for k, v in maps["hard_caps"].items()},
+        last_429_level={k: float(v) for k, v in maps["last_429_level"].items()},
+        last_429_at={k: float(v) for k, v in maps["last_429_at"].items()},
+        last_cut_at={k: float(v) for k, v in maps["last_cut_at"].items()},
+        cuts_below_seed={k: tuple(float(x) for x in v) for k, v in cuts.items()},
+        observed={k: float(v) for k, v in maps["observed"].items()},
+        observed_at=None if observed_at is None else float(observed_at),
+    )
+
+
+def load_state(conn: Connection, alias: str) -> StoredState | None:
+    """The alias's persisted controller state, or None before its first tick."""
+    r = conn.execute(
+        select(
+            PacerState.alias,
+            PacerState.state,
+            PacerState.config_version,
+            PacerState.last_call_id,
+            PacerState.tick_at,
+        ).where(PacerState.alias == alias)
+    ).first()
+    if r is None:
+        return None
+    return StoredState(
+        alias=r.alias,
+        state=state_from_json(r.state, source=f"pacer_states {alias!r}"),
+        config_version=int(r.config_version),
+        last_call_id=int(r.last_call_id),
+        tick_at=as_utc(r.tick_at),
+    )
+
+
+def save_state(engine: Engine, stored: StoredState) -> None:
+    """Insert or replace the alias's row (one transaction)."""
+    values = {
+        "alias": stored.alias,
+        "state": state_to_json(stored.state),
+        "config_version": stored.config_version,
+        "last_call_id": stored.last_call_id,
+        "tick_at": stored.tick_at,
+    }
+    with write_transaction(engine) as conn:
+        ins = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(PacerState)
+        stmt = ins.values(**values)
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[PacerState.alias],
+                set_={k: stmt.excluded[k] for k in values if k != "alias"}
+                | {"updated_at": func.now()},
+            )
+        )
+
+
+def latest_call_id(conn: Connection) -> int:
+    """The newest ``llm_calls`` id (0 when there is none)."""
+    return int(conn.execute(select(func.max(LlmCall.id))).scalar_one() or 0)
+
+
+def read_window(
+    conn: Connection,
+    alias: str,
+    after_id: int,
+    *,
+    token_class: TokenClass,
+    cached_input_counts: bool,
+) -> WindowCalls:
+    """Aggregate the alias's ``llm_calls`` with id > ``after_id``."""
+    ok = LlmCall.status == 200
+    uncached = LlmCall.input_tokens - LlmCall.cached_input_tokens
+    counted = uncached
+    if cached_input_counts:
+        counted = counted + LlmCall.cached_input_tokens
+    if token_class == "combined":
+        counted = counted + LlmCall.output_tokens
+    zero = 0
+
+    def ok_sum(expr: Any) -> Any:
+        return func.coalesce(func.sum(func.coalesce(expr, zero)).filter(ok), zero)
+
+    base = (LlmCall.alias == alias, LlmCall.id > after_id)
+    agg = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.max(LlmCall.id), after_id),
+            ok_sum(counted),
+            ok_sum(LlmCall.output_tokens),
+            ok_sum((LlmCall.input_tokens + LlmCall.output_tokens) * LlmCall.latency_s),
+        ).where(*base)
+    ).one()
+    errors = conn.execute(
+        select(LlmCall.status, LlmCall.limit_type, LlmCall.run_id, func.count())
+        .where(*base, LlmCall.status != 200)
+        .group_by(LlmCall.status, LlmCall.limit_type, LlmCall.run_id)
+    ).all()
+    throttles: list[LimitType] = []
+    overloads = spend = 0
+    spend_runs: set[str] = set()
+    for status, limit_type, run_id, n in errors:
+        if limit_type == LimitType.SPEND.value:
+            spend += int(n)
+            if run_id:
+                spend_runs.add(run_id)
+        elif limit_type == LimitType.OVERLOAD.value or status in _OVERLOAD_STATUS:
+            overloads += int(n)
+        elif status == 429 and limit_type in _RATE_TYPES:
+            throttles.extend([LimitType(limit_type)] * int(n))
+        elif status == 429:
+            throttles.extend([LimitType.UNKNOWN] * int(n))
+    return WindowCalls(
+        calls=int(agg[0]),
+        throttles=tuple(throttles),
+        overloads=overloads,
+        spend_errors=spend,
+        spend_runs=tuple(sorted(spend_runs)),
+        usage={
+            BudgetClass.REQUESTS: float(agg[0]),
+            BudgetClass.TOKENS: float(agg[2]),
+            BudgetClass.OUTPUT_TOKENS: float(agg[3]),
+            BudgetClass.INFLIGHT: float(agg[4]),
+        },
+        last_call_id=int(agg[1]),
+    )
+
+
+def fresh_header_limits(
+    conn: Connection, alias: str, since: datetime | None
+) -> dict[LimitType, float] | None:
+    """The provider's stated limits (per minute) for ``alias`` when observed after ``since``."""
+    row = conn.execute(
+        select(AliasObservation.observed_at, AliasObservation.limits).where(
+            AliasObservation.alias == alias
+        )
+    ).first()
+    if row is None or (since is not None and as_utc(row[0]) <= since):
+        return None
+    raw = row[1].get("limits", {}) if isinstance(row[1], dict) else {}
+    known = {t.value for t in LimitType}
+    limits = {
+        LimitType(k): float(v)
+        for k, v in raw.items()
+        if k in known and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+    }
+    return limits or None
