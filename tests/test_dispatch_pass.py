@@ -1,0 +1,159 @@
+"""A dispatcher pass on a real (SQLite) ledger: it reads the planner's ceiling, the alias
+override, pauses and live counts from the ledger, claims each run's own share and hands each
+job reference to the launcher; a launch that fails returns the pass's claims to the queue."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import Engine, func, insert, select
+
+from evalfleet.settings import get_settings
+from flows.dispatch import dispatch_pass
+from ledger.controls import control_session, set_ceiling_override
+from ledger.models import InstanceResult, Job, PlannerDecision
+from ledger.pauses import set_pause
+from ledger.runs import NewRun, create_run
+from tasks import ledger_io
+from tasks.instance import JobRef
+
+
+class Recorder:
+    """A launcher that records what it was asked to start (the edge of the dispatcher)."""
+
+    def __init__(self, slots: int = 64, fail_after: int | None = None) -> None:
+        self.slots = slots
+        self.fail_after = fail_after
+        self.started: list[JobRef] = []
+
+    def free_slots(self) -> int:
+        return self.slots
+
+    def launch(self, ref: JobRef) -> None:
+        if self.fail_after is not None and len(self.started) >= self.fail_after:
+            raise RuntimeError("work pool unreachable")
+        self.started.append(ref)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        return None
+
+    def per_run(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for ref in self.started:
+            out[ref.run_id] = out.get(ref.run_id, 0) + 1
+        return out
+
+
+@pytest.fixture
+def ledger(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine]:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("EVALFLEET_DATABASE_URL", f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    monkeypatch.setenv("EVALFLEET_STATIC_CAP", "64")
+    get_settings.cache_clear()
+    ledger_io.engine.cache_clear()
+    ledger_io.sessions.cache_clear()
+    yield ledger_io.engine()
+    ledger_io.engine().dispose()
+    get_settings.cache_clear()
+    ledger_io.engine.cache_clear()
+    ledger_io.sessions.cache_clear()
+
+
+def run(engine: Engine, n: int, priority: float = 1.0, alias: str = "sim-openai") -> str:
+    run_id = str(uuid.uuid4())
+    create_run(
+        engine,
+        NewRun(
+            run_id=run_id,
+            name="dispatch",
+            harness="simulated",
+            alias=alias,
+            instance_ids=[f"i-{k}" for k in range(n)],
+            spend_cap_micro_usd=1_000_000,
+            priority=priority,
+        ),
+    )
+    return run_id
+
+
+def decide(engine: Engine, alias: str, ceiling: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            insert(PlannerDecision).values(
+                alias=alias,
+                tick_at=datetime.now(UTC),
+                live=0,
+                booting=0,
+                queued=0,
+                ceiling=ceiling,
+                launches_allowed=ceiling,
+                binding="qps_budget",
+                projections={},
+                budgets={},
+            )
+        )
+
+
+def booting(engine: Engine, run_id: str) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                select(func.count()).where(
+                    InstanceResult.run_id == run_id, InstanceResult.state == "booting"
+                )
+            ).scalar_one()
+        )
+
+
+def test_a_pass_claims_each_runs_fair_share_of_the_planner_ceiling(ledger: Engine) -> None:
+    # the low-priority run's jobs are older: a FIFO claim would give it everything
+    low = run(ledger, 20, priority=1.0)
+    high = run(ledger, 20, priority=3.0)
+    decide(ledger, "sim-openai", 8)
+    launcher = Recorder()
+    assert dispatch_pass(launcher) == 8
+    assert launcher.per_run() == {low: 2, high: 6}
+    assert (booting(ledger, low), booting(ledger, high)) == (2, 6)
+    # booting tasks are live: a second pass admits nothing more
+    assert dispatch_pass(launcher) == 0
+    # the planner raises the ceiling: the new room is shared 1:3 again
+    decide(ledger, "sim-openai", 16)
+    assert dispatch_pass(launcher) == 8
+    assert launcher.per_run() == {low: 4, high: 12}
+
+
+def test_the_alias_override_and_pauses_hold_launches(ledger: Engine) -> None:
+    a = run(ledger, 10)
+    b = run(ledger, 10)
+    decide(ledger, "sim-openai", 8)
+    with control_session(ledger) as session:
+        set_ceiling_override(session, "alias", "sim-openai", 2, actor="op", reason="test")
+    launcher = Recorder()
+    assert dispatch_pass(launcher) == 2
+    assert launcher.per_run() == {a: 1, b: 1}
+    with control_session(ledger) as session:
+        set_ceiling_override(session, "alias", "sim-openai", None, actor="op", reason="test")
+    set_pause(ledger, "pool", "harness", True, actor="op", reason="test")
+    assert dispatch_pass(launcher) == 0
+    set_pause(ledger, "pool", "harness", False, actor="op", reason="test")
+    set_pause(ledger, "run", a, True, actor="op", reason="test")
+    assert dispatch_pass(launcher) == 6
+    assert launcher.per_run() == {a: 1, b: 7}
+
+
+def test_a_failed_launch_returns_the_passes_claims_to_the_queue(ledger: Engine) -> None:
+    a = run(ledger, 6)
+    decide(ledger, "sim-openai", 4)
+    launcher = Recorder(fail_after=1)
+    with pytest.raises(RuntimeError, match="unreachable"):
+        dispatch_pass(launcher)
+    assert len(launcher.started) == 1
+    with ledger.connect() as conn:
+        leased = conn.execute(
+            select(func.count()).where(Job.run_id == a, Job.lease_token.is_not(None))
+        ).scalar_one()
+    # only the one launched job keeps its lease; the three not launched are queued again
+    assert leased == 1
+    assert booting(ledger, a) == 1
