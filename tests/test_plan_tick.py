@@ -1,0 +1,361 @@
+"""The planner tick on a real PostgreSQL ledger: the binding constraint is what the test set up,
+the budget controller's state persists between ticks, a 429 of one type cuts only its budget,
+spend errors pause the run with an audit row, operator edits re-seed the controller."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, func, insert, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from evalfleet.errors import ConfigError
+from evalfleet.settings import get_settings
+from ledger import pacer_state
+from ledger.controls import control_session, set_ceiling_override
+from ledger.db import make_engine
+from ledger.migrate import upgrade
+from ledger.models import AliasObservation, AuditLog, InstanceResult, Job, LlmCall, PauseFlag, Run
+from ledger.pacer_controls import set_pacer
+from ledger.pauses import set_pause
+from planner.budgets import BudgetClass, Budgets, initial_state
+from tasks import ledger_io, plan
+
+pytestmark = pytest.mark.postgres
+
+ALIAS = "sim-openai"  # embedded default: 9 calls/s, 27k tokens/s, cooldown 30 s
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def _admin(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+_TABLES = (
+    "jobs",
+    "instance_results",
+    "llm_calls",
+    "planner_decisions",
+    "pacer_states",
+    "pacer_config_history",
+    "pacer_configs",
+    "pause_flags",
+    "alias_observations",
+    "alias_controls",
+    "runs",
+)
+
+
+@pytest.fixture(scope="module")
+def plan_db(pg_database: str) -> Iterator[str]:
+    """One fresh migrated PostgreSQL ledger for this module."""
+    name = f"{make_url(pg_database).database}_plan_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(pg_database).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    yield url
+    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def plan_ledger(plan_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine]:
+    """The module's ledger, emptied (the append-only audit log aside), as ``tasks.ledger_io``'s."""
+    eng = make_engine(plan_db)
+    with eng.begin() as conn:
+        conn.exec_driver_sql(f"TRUNCATE {', '.join(_TABLES)} RESTART IDENTITY CASCADE")
+    monkeypatch.setenv("EVALFLEET_DATABASE_URL", plan_db)
+    monkeypatch.delenv("EVALFLEET_ALIASES_FILE", raising=False)
+    get_settings.cache_clear()
+    ledger_io.engine.cache_clear()
+    ledger_io.sessions.cache_clear()
+    yield eng
+    eng.dispose()
+    ledger_io.engine().dispose()
+    ledger_io.engine.cache_clear()
+    ledger_io.sessions.cache_clear()
+    get_settings.cache_clear()
+
+
+def add_run(
+    eng: Engine,
+    *,
+    running: int = 0,
+    booting: int = 0,
+    queued: int = 0,
+    task_cap: int | None = None,
+    alias: str = ALIAS,
+    now: datetime = T0,
+) -> str:
+    """A running run with ``running`` tasks (ages 30 s apart), ``booting`` ones, queued jobs."""
+    run_id = str(uuid.uuid4())
+    with eng.begin() as conn:
+        conn.execute(
+            insert(Run).values(
+                id=run_id,
+                name="plan-test",
+                harness="simulated",
+                alias=alias,
+                state="running",
+                task_cap=task_cap,
+                spend_cap_micro_usd=10**9,
+                max_attempts=3,
+                config={},
+            )
+        )
+        rows = []
+        for k in range(running):
+            rows.append(("running", now - timedelta(seconds=30 * k)))
+        rows += [("booting", None)] * booting
+        rows += [("queued", None)] * queued
+        for i, (state, started) in enumerate(rows):
+            conn.execute(
+                insert(InstanceResult).values(
+                    run_id=run_id,
+                    instance_id=f"i{i}",
+                    state=state,
+                    started_at=started,
+                    lease_token=None if state == "queued" else "lease",
+                )
+            )
+            conn.execute(
+                insert(Job).values(
+                    run_id=run_id,
+                    instance_id=f"i{i}",
+                    visible_at=now,
+                    lease_token=None if state == "queued" else "lease",
+                )
+            )
+    return run_id
+
+
+def add_calls(
+    eng: Engine,
+    n: int,
+    *,
+    status: int = 200,
+    limit_type: str | None = None,
+    run_id: str | None = None,
+    at: datetime = T0,
+    tokens: int = 1000,
+) -> None:
+    with eng.begin() as conn:
+        conn.execute(
+            insert(LlmCall),
+            [
+                {
+                    "run_id": run_id,
+                    "alias": ALIAS,
+                    "requested_at": at,
+                    "input_tokens": tokens if status == 200 else 0,
+                    "output_tokens": 100 if status == 200 else 0,
+                    "status": status,
+                    "limit_type": limit_type,
+                    "latency_s": 1.0,
+                }
+                for _ in range(n)
+            ],
+        )
+
+
+def stored(eng: Engine) -> pacer_state.StoredState:
+    with eng.connect() as conn:
+        s = pacer_state.load_state(conn, ALIAS)
+    assert s is not None
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# the persisted state
+
+
+def test_state_round_trips_through_json_without_infinities() -> None:
+    seed = Budgets(
+        calls_per_s=9.0, tokens_per_s=27_000.0, output_tokens_per_s=None, inflight_tokens=4e5
+    )
+    state = initial_state(seed, 100.0, cached_input_counts=True, token_class="combined")
+    assert math.isinf(state.cooldown_until)
+    data = pacer_state.state_to_json(state)
+    assert data["cooldown_until"] is None
+    assert pacer_state.state_from_json(data, source="t") == state
+    from dataclasses import replace
+
+    busy = replace(
+        state,
+        cooldown_until=130.0,
+        last_429_level={BudgetClass.REQUESTS: 9.0},
+        last_429_at={BudgetClass.REQUESTS: 100.0},
+        cuts_below_seed={BudgetClass.TOKENS: (90.0, 95.0)},
+        hard_caps={BudgetClass.REQUESTS: 8.0},
+        observed={BudgetClass.REQUESTS: 8.0},
+        observed_at=99.0,
+    )
+    assert pacer_state.state_from_json(pacer_state.state_to_json(busy), source="t") == busy
+
+
+def test_a_malformed_stored_state_is_a_config_error_naming_the_field() -> None:
+    seed = Budgets(
+        calls_per_s=9.0, tokens_per_s=27_000.0, output_tokens_per_s=None, inflight_tokens=4e5
+    )
+    data = pacer_state.state_to_json(
+        initial_state(seed, 100.0, cached_input_counts=True, token_class="combined")
+    )
+    data["budgets"]["calls_per_s"] = -1.0
+    data["token_class"] = "bytes"
+    with pytest.raises(ConfigError) as err:
+        pacer_state.state_from_json(data, source="pacer_states 'x'")
+    text = str(err.value)
+    assert "budgets.calls_per_s" in text and "token_class" in text and "pacer_states" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# the binding constraint is what the test set up
+
+
+def test_a_tiny_request_limit_stated_by_the_provider_binds_qps_budget(plan_ledger: Engine) -> None:
+    add_run(plan_ledger, running=2, queued=20)
+    with plan_ledger.begin() as conn:
+        conn.execute(
+            insert(AliasObservation).values(
+                alias=ALIAS,
+                observed_at=T0 - timedelta(seconds=5),
+                status=200,
+                headers={},
+                limits={"limits": {"requests": 3.0}, "remaining": {}},
+            )
+        )
+    d = plan.plan_tick(T0, False)[ALIAS]
+    assert d.binding.value == "qps_budget"
+    assert d.budgets["calls_per_s"] == pytest.approx(3.0 / 60.0)
+    assert d.launches_allowed == 0
+    row = stored(plan_ledger)
+    assert row.state.hard_caps[BudgetClass.REQUESTS] == pytest.approx(0.05)
+    assert row.state.seed_source == "headers"
+
+
+def test_a_per_run_cap_binds_run_cap(plan_ledger: Engine) -> None:
+    add_run(plan_ledger, running=1, queued=30, task_cap=3)
+    d = plan.plan_tick(T0, False)[ALIAS]
+    assert (d.binding.value, d.ceiling, d.launches_allowed) == ("run_cap", 3, 2)
+
+
+def test_an_alias_ceiling_override_binds(plan_ledger: Engine) -> None:
+    add_run(plan_ledger, queued=30)
+    with control_session(plan_ledger) as session:
+        set_ceiling_override(session, "alias", ALIAS, 2, actor="t", reason="hold the alias")
+    d = plan.plan_tick(T0, False)[ALIAS]
+    assert (d.binding.value, d.ceiling) == ("ceiling_override", 2)
+
+
+def test_the_ledger_pool_flag_and_the_prefect_pause_both_bind_paused(plan_ledger: Engine) -> None:
+    add_run(plan_ledger, running=2, queued=30)
+    assert plan.plan_tick(T0, False)[ALIAS].binding.value != "paused"
+    d = plan.plan_tick(T0 + timedelta(seconds=15), True)[ALIAS]  # the Prefect pool's pause
+    assert (d.binding.value, d.launches_allowed) == ("paused", 0)
+    set_pause(plan_ledger, "pool", "harness", True, actor="t", reason="maintenance")
+    d = plan.plan_tick(T0 + timedelta(seconds=30), False)[ALIAS]
+    assert (d.binding.value, d.launches_allowed) == ("paused", 0)
+
+
+def test_booting_tasks_count_as_live(plan_ledger: Engine) -> None:
+    add_run(plan_ledger, running=2, booting=3, queued=10, task_cap=5)
+    d = plan.plan_tick(T0, False)[ALIAS]
+    assert (d.live, d.booting, d.launches_allowed) == (5, 3, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the controller across ticks
+
+
+def test_a_429_of_one_type_cuts_only_that_budget_across_ticks(plan_ledger: Engine) -> None:
+    add_run(plan_ledger, running=3, queued=30)
+    first = plan.plan_tick(T0, False)[ALIAS]
+    calls0, tokens0 = first.budgets["calls_per_s"], first.budgets["tokens_per_s"]
+
+    add_calls(plan_ledger, 3, status=429, limit_type="requests")
+    t1 = T0 + timedelta(seconds=15)
+    d1 = plan.plan_tick(t1, False)[ALIAS]
+    assert d1.budgets["calls_per_s"] == pytest.approx(calls0 * 0.75)
+    assert d1.budgets["tokens_per_s"] == pytest.approx(tokens0)
+    assert d1.binding.value == "cooldown" and d1.launches_allowed == 0
+    saved = stored(plan_ledger)
+    assert saved.state.budgets.calls_per_s == pytest.approx(calls0 * 0.75)
+    assert saved.tick_at == t1
+
+    # more 429s of calls sent before the cut, inside the cooldown: no second cut
+    add_calls(plan_ledger, 2, status=429, limit_type="requests")
+    d2 = plan.plan_tick(t1 + timedelta(seconds=15), False)[ALIAS]
+    assert d2.budgets["calls_per_s"] == pytest.approx(calls0 * 0.75)
+
+    # a token 429 later cuts the token budget and leaves the request budget where it was
+    add_calls(plan_ledger, 1, status=429, limit_type="tokens")
+    d3 = plan.plan_tick(t1 + timedelta(seconds=60), False)[ALIAS]
+    assert d3.budgets["tokens_per_s"] == pytest.approx(tokens0 * 0.75)
+    assert d3.budgets["calls_per_s"] == pytest.approx(calls0 * 0.75)
+    assert d3.budgets["inflight_tokens"] == pytest.approx(first.budgets["inflight_tokens"])
+
+    # a restarted loop (fresh process caches) continues from the ledger's state
+    plan._curve_cache.cache_clear()
+    d4 = plan.plan_tick(t1 + timedelta(seconds=75), False)[ALIAS]
+    assert d4.budgets["tokens_per_s"] == pytest.approx(tokens0 * 0.75)
+    assert d4.binding.value == "cooldown"
+
+
+def test_a_clean_busy_window_grows_the_used_budget_only(plan_ledger: Engine) -> None:
+    add_run(plan_ledger, running=3, queued=30)
+    first = plan.plan_tick(T0, False)[ALIAS]
+    # 15 s at 9 calls/s: the request budget is fully used; tokens far below their budget
+    add_calls(plan_ledger, 135, tokens=10)
+    d = plan.plan_tick(T0 + timedelta(seconds=15), False)[ALIAS]
+    assert d.budgets["calls_per_s"] == pytest.approx(first.budgets["calls_per_s"] * 1.05)
+    assert d.budgets["tokens_per_s"] == pytest.approx(first.budgets["tokens_per_s"])
+
+
+def test_a_spend_error_pauses_the_run_with_an_audit_row(plan_ledger: Engine) -> None:
+    run_id = add_run(plan_ledger, running=1, queued=5)
+    other = add_run(plan_ledger, running=1, queued=5)
+    plan.plan_tick(T0, False)
+    add_calls(plan_ledger, 2, status=402, limit_type="spend", run_id=run_id)
+    plan.plan_tick(T0 + timedelta(seconds=15), False)
+    with plan_ledger.connect() as conn:
+        flags = conn.execute(
+            select(PauseFlag.target).where(PauseFlag.scope == "run", PauseFlag.paused.is_(True))
+        ).scalars()
+        assert set(flags) == {run_id}
+        audits = conn.execute(
+            select(AuditLog.actor, AuditLog.action, AuditLog.reason).where(
+                AuditLog.target == f"run:{run_id}"
+            )
+        ).all()
+    assert len(audits) == 1 and audits[0][:2] == ("planner", "pause")
+    assert "spend" in audits[0][2]
+    # the next tick does not pause it again (one audit row), the other run is untouched
+    plan.plan_tick(T0 + timedelta(seconds=30), False)
+    with plan_ledger.connect() as conn:
+        n = conn.execute(
+            select(func.count()).select_from(AuditLog).where(AuditLog.actor == "planner")
+        ).scalar_one()
+        other_paused = conn.execute(
+            select(func.count()).select_from(PauseFlag).where(PauseFlag.target == other)
+        ).scalar_one()
+    assert (n, other_paused) == (1, 0)
+
+
+def test_an_operator_edit_reseeds_the_controller(plan_ledger: Engine) -> None:
+    add_run(plan_ledger, running=1, queued=10)
+    assert plan.plan_tick(T0, False)[ALIAS].budgets["calls_per_s"] == pytest.approx(9.0)
+    alias = plan.aliases().get(ALIAS)
+    with Session(plan_ledger) as session, session.begin():
+        set_pacer(
+            session, alias, {"calls_per_s": 2.0}, now=T0, actor="op", reason="provider cut us"
+        )
+    d = plan.plan_tick(T0 + timedelta(seconds=15), False)[ALIAS]
+    assert d.budgets["calls_per_s"] == pytest.approx(2.0)
+    assert stored(plan_ledger).config_version == 1
