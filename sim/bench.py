@@ -77,6 +77,7 @@ class ScenarioResult:
     results: dict[str, dict[str, Any]]
     bound: LowerBound
     sim_seconds: float
+    cpu_seconds: float
 
     def as_json(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "results": self.results}
@@ -99,10 +100,12 @@ def run_scenario(scenario: Scenario, policies: list[str] | None = None) -> Scena
     bound = lower_bound(scenario, workload)
     names = policies if policies else default_policies(scenario, workload)
     started = time.perf_counter()
+    cpu_started = time.process_time()
     results = {name: run_policy(scenario, workload, name, bound) for name in dict.fromkeys(names)}
     return ScenarioResult(
         scenario=scenario.name,
         results=results,
         bound=bound,
         sim_seconds=time.perf_counter() - started,
+        cpu_seconds=time.process_time() - cpu_started,
     )

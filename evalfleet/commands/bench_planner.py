@@ -33,14 +33,16 @@ def _scenario_files(files: tuple[Path, ...], all_: bool) -> list[Path]:
     return paths
 
 
-def _format_table(name: str, results: dict[str, dict[str, Any]], seconds: float) -> str:
+def _format_table(
+    name: str, results: dict[str, dict[str, Any]], seconds: float, cpu_seconds: float
+) -> str:
     cols = ["policy", *COLUMNS]
     rows = [[pol, *(_cell(r[c]) for c in COLUMNS)] for pol, r in results.items()]
     for row, r in zip(rows, results.values(), strict=True):
         if r.get("stalled_at_s") is not None:  # a retry livelock: no makespan
             row[1] = f"stalled@{r['stalled_at_s']:.0f}"
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows, strict=True)]
-    lines = [f"scenario {name}  (simulated in {seconds:.2f} s)"]
+    lines = [f"scenario {name}  (simulated in {seconds:.2f} s, {cpu_seconds:.2f} s CPU)"]
     lines.append("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
     for row in rows:
         lines.append("  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)))
@@ -129,7 +131,9 @@ def bench_planner(
         if as_json:
             click.echo(json.dumps(result.as_json()))
         else:
-            click.echo(_format_table(scenario.name, result.results, result.sim_seconds))
+            click.echo(
+                _format_table(scenario.name, result.results, result.sim_seconds, result.cpu_seconds)
+            )
             click.echo()
 
 
