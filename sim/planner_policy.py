@@ -15,9 +15,7 @@ provider's limit classes (which exist, not their values), headers and 429s.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import replace
 
 from planner.budgets import (
     Budgets,
@@ -46,9 +44,6 @@ from sim.traces import TRACE_HARNESS
 from sim.workload import Workload, build_workload
 
 HeadersNow = Callable[[float], Classification | None]
-TARGET_WAIT_S = 1.0  # seconds a call should wait at the pacer, on average: "a little"
-OVERDRIVE_GAIN = 0.05  # per tick, on the log scale
-MIN_OVERDRIVE, MAX_OVERDRIVE = 1.05, 2.0
 FIT_SAMPLE_INSTANCES = 400
 
 
@@ -181,7 +176,6 @@ class PlannerPolicy:
         self._pacer_gate = PacerGate(self.pacer, workload)
         self.gate: Gate | None = self._pacer_gate
         self.progress = 1.0
-        self.overdrive = self.sizing.overdrive
         self.headers_now = headers_now
         self._throttles: list[tuple[LimitType, float | None]] = []
         self._answered = 0
@@ -208,14 +202,9 @@ class PlannerPolicy:
         wait_s, admitted = self._pacer_gate.take_waits()
         if admitted == 0:
             return
-        wait = wait_s / admitted
-        window = 1.0 / (1.0 + wait / self.steady.mean_gap_s)
+        window = 1.0 / (1.0 + (wait_s / admitted) / self.steady.mean_gap_s)
         weight = min(1.0, self.sizing.step_s / max(self.curve.mean_duration_s(), 1.0))
         self.progress = min(1.0, max(0.05, self.progress + weight * (window - self.progress)))
-        # Keep the pacer holding back a little: steer the overdrive so that calls wait about
-        # TARGET_WAIT_S at the pacer (more demand when it rarely holds, less when it holds long).
-        step_ = OVERDRIVE_GAIN * (TARGET_WAIT_S - wait) / TARGET_WAIT_S
-        self.overdrive = min(MAX_OVERDRIVE, max(MIN_OVERDRIVE, self.overdrive * math.exp(step_)))
 
     def tick(self, fleet: FleetView) -> int:
         now = fleet.now
@@ -244,7 +233,7 @@ class PlannerPolicy:
             self.state.budgets,
             self.counting,
             self.caps,
-            replace(self.sizing, overdrive=self.overdrive),
+            self.sizing,
             self.steady,
         )
         self.decisions.append(decision)
