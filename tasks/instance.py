@@ -92,6 +92,9 @@ class Heartbeat:
                 return
             except SQLAlchemyError as exc:  # transient (locked, connection): retry next beat
                 log.warning("heartbeat of %s failed: %s", self.lease.instance_id, exc)
+            except Exception:  # logged; a dead heartbeat thread would let the
+                # lease expire under a healthy instance, so it keeps beating
+                log.exception("heartbeat of %s failed", self.lease.instance_id)
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
