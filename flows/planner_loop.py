@@ -20,24 +20,23 @@ from prefect.artifacts import create_table_artifact
 from evalfleet.settings import get_settings
 from tasks import plan
 
-pool_paused = task(name="read-pool-pause")(plan.prefect_pool_paused)
-read_fleet = task(name="read-fleet")(plan.read_fleet)
+# Only side effects are tasks (reads and the pure decision are plain calls): every task run is
+# a few writes to the Prefect API, and a SQLite-backed server (the embedded demo) is short of them.
 advance_budgets = task(name="advance-budgets")(plan.advance_budgets)
 pause_for_spend = task(name="pause-for-spend")(plan.pause_for_spend)
-decide_all = task(name="decide")(plan.decide_all)
 record_decisions = task(name="record-decisions")(plan.record_decisions)
 push_pacer_limits = task(name="push-pacer-limits")(plan.push_pacer_limits)
 
 
 def tick(now: datetime, harness_pool: str) -> int:
     """One planner tick; returns how many aliases were decided."""
-    fleets = read_fleet(now, pool_paused(harness_pool))
+    fleets = plan.read_fleet(now, plan.prefect_pool_paused(harness_pool))
     if not fleets:
         return 0
     steps = advance_budgets(now, [f.alias for f in fleets])
     if any(s.pause_runs for s in steps.values()):
         pause_for_spend(steps)
-    decisions = decide_all(now, fleets, steps)
+    decisions = plan.decide_all(now, fleets, steps)
     record_decisions(now, decisions)
     push_pacer_limits(steps)
     if decisions:

@@ -13,6 +13,11 @@ live here, so that ``tasks/plan.py`` stays a sequence of reads and writes:
   ``fresh_header_limits``: the provider's latest stated limits when they were observed after the
   previous tick (an old observation must not keep a stale seed looking fresh).
 
+The window is an id watermark, not a time range: the gateway's recorder writes calls in
+batches, so a call requested before a tick can land after it, and a time range would miss it.
+(An id taken by a batch that commits after a later id was read is missed; batches commit
+within milliseconds, so that is rare and costs one observation, never a wrong cut.)
+
 A malformed stored state is a ``ConfigError`` naming the field, never a silent reset.
 """
 

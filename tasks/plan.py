@@ -56,9 +56,11 @@ from planner.budgets import (
     ControllerConfig,
     SeedSource,
     WindowObservation,
+    header_budgets,
     initial_state,
     step,
 )
+from planner.classify import LimitType
 from planner.curves import DEFAULT_HARNESS
 from planner.decision import Decision
 from planner.sizing import Caps, Counting, FleetState, SizingConfig, decide
@@ -260,9 +262,48 @@ def _seeded(
         | {"output_tokens_per_s": row.output_tokens_per_s}
     )
     state = replace(state, budgets=in_force, seed_source=cast(SeedSource, row.seed_source))
-    if headers:  # stated limits stay hard caps over an operator's values
-        state, _ = step(state, WindowObservation(now=now.timestamp(), observed_limits=headers), cfg)
-    return state
+    return state  # the tick's step applies the stated limits (hard caps) to the row's values
+
+
+def _reseeded(state: BudgetState, headers: dict[LimitType, float]) -> BudgetState:
+    """A stale seed with fresh headers: the stated limits become the budgets (``step`` then
+    makes them the seed and hard caps). Without this, a stale budget far below the stated
+    limit would stay there, growing 5% per window."""
+    caps = header_budgets(
+        headers,
+        token_class=state.token_class,
+        has_output_budget=state.seed.output_tokens_per_s is not None,
+    )
+    budgets = state.budgets
+    for cls, cap in caps.items():
+        budgets = budgets.with_value(cls, cap)
+    return replace(state, budgets=budgets)
+
+
+def _prior(
+    conn: Connection,
+    alias: Alias,
+    row: PacerConfig | None,
+    version: int,
+    now: datetime,
+    cfg: ControllerConfig,
+) -> tuple[BudgetState, int, datetime, float]:
+    """The state to step from, the ``llm_calls`` watermark, since when headers are new, and the
+    window's length: the saved state (re-seeded if an operator edited the pacer since), or a
+    fresh seed that observes calls from now on and headers of the last ``stale_after_s``."""
+    stored = pacer_state.load_state(conn, alias.name)
+    if stored is None:
+        state = _seeded(conn, alias, row, now, cfg)
+        since = now - timedelta(seconds=cfg.stale_after_s)
+        return state, pacer_state.latest_call_id(conn), since, cfg.window_s
+    state = stored.state
+    if stored.config_version != version:  # an operator edited the pacer
+        fresh = _seeded(conn, alias, row, now, cfg)
+        state = replace(
+            fresh, cooldown_until=state.cooldown_until, backoff_until=state.backoff_until
+        )
+    window_s = max((now - stored.tick_at).total_seconds(), 1.0)
+    return state, stored.last_call_id, stored.tick_at, window_s
 
 
 def advance_budgets(now: datetime, alias_names: list[str]) -> dict[str, BudgetStep]:
@@ -289,23 +330,7 @@ def advance_budgets(now: datetime, alias_names: list[str]) -> dict[str, BudgetSt
                 window_s=min(max(settings.planner_tick_s, 1.0), 300.0), cooldown_s=cooldown_s
             )
             version = row.version if row is not None else 0
-            stored = pacer_state.load_state(conn, name)
-            if stored is None:
-                state = _seeded(conn, alias, row, now, cfg)
-                after_id = pacer_state.latest_call_id(conn)
-                since: datetime | None = now - timedelta(seconds=cfg.window_s)
-                window_s = cfg.window_s
-            else:
-                state = stored.state
-                if stored.config_version != version:  # an operator edited the pacer
-                    fresh = _seeded(conn, alias, row, now, cfg)
-                    state = replace(
-                        fresh,
-                        cooldown_until=state.cooldown_until,
-                        backoff_until=state.backoff_until,
-                    )
-                after_id, since = stored.last_call_id, stored.tick_at
-                window_s = max((now - stored.tick_at).total_seconds(), 1.0)
+            state, after_id, since, window_s = _prior(conn, alias, row, version, now, cfg)
             window = pacer_state.read_window(
                 conn,
                 name,
@@ -314,6 +339,8 @@ def advance_budgets(now: datetime, alias_names: list[str]) -> dict[str, BudgetSt
                 cached_input_counts=state.cached_input_counts,
             )
             headers = pacer_state.fresh_header_limits(conn, name, since)
+        if headers and state.is_stale(now.timestamp()):
+            state = _reseeded(state, headers)
         obs = WindowObservation(
             now=now.timestamp(),
             throttles=tuple((lt, None) for lt in window.throttles),

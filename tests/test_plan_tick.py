@@ -359,3 +359,36 @@ def test_an_operator_edit_reseeds_the_controller(plan_ledger: Engine) -> None:
     d = plan.plan_tick(T0 + timedelta(seconds=15), False)[ALIAS]
     assert d.budgets["calls_per_s"] == pytest.approx(2.0)
     assert stored(plan_ledger).config_version == 1
+
+
+def test_a_stale_config_says_so_and_keeps_work_moving_until_headers_reseed_it(
+    plan_ledger: Engine,
+) -> None:
+    add_run(plan_ledger, queued=10)
+    alias = plan.aliases().get(ALIAS)
+    with Session(plan_ledger) as session, session.begin():
+        set_pacer(
+            session,
+            alias,
+            {"calls_per_s": 0.001},  # far below anything useful, seeded 7 h ago
+            now=T0 - timedelta(hours=7),
+            actor="op",
+            reason="old limit",
+        )
+    d = plan.plan_tick(T0, False)[ALIAS]
+    assert d.binding.value == "stale_config" and d.stale
+    assert d.ceiling >= 1 and d.launches_allowed >= 1  # never 0 while work is queued
+    with plan_ledger.begin() as conn:
+        conn.execute(
+            insert(AliasObservation).values(
+                alias=ALIAS,
+                observed_at=T0 + timedelta(seconds=5),
+                status=200,
+                headers={},
+                limits={"limits": {"requests": 300.0, "tokens": 1_200_000.0}, "remaining": {}},
+            )
+        )
+    d = plan.plan_tick(T0 + timedelta(seconds=15), False)[ALIAS]
+    assert not d.stale and d.binding.value != "stale_config"
+    assert d.budgets["calls_per_s"] == pytest.approx(5.0)
+    assert stored(plan_ledger).state.seed_source == "headers"
