@@ -13,6 +13,7 @@ from sqlalchemy import select
 from evalfleet.errors import HarnessFailed, StaleLease
 from ledger.models import InstanceResult
 from tasks import instance as steps
+from tasks import progress
 from tasks.instance import JobRef
 from tasks.ledger_io import engine
 
@@ -46,4 +47,5 @@ def run_eval(job: JobRef) -> str:
         steps.land(lease, outcome)
     except StaleLease:
         return "lease-lost"
+    progress.publish_quietly(lease.run_id)
     return str(outcome.state)

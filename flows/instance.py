@@ -15,6 +15,7 @@ from prefect.runtime import flow_run
 from evalfleet.errors import HarnessFailed, InfrastructureFailure, StaleLease
 from harnesses.base import Evaluation, HarnessResult
 from tasks import instance as steps
+from tasks import progress
 from tasks.instance import JobRef
 
 harness_stage = task(name="harness-stage")(steps.run_harness)
@@ -52,4 +53,5 @@ def run_instance(job: JobRef) -> str:
         steps.land(lease, outcome)
     except StaleLease:
         return "lease-lost"
+    progress.publish_quietly(lease.run_id)
     return str(outcome.state)

@@ -2,7 +2,9 @@
 
 Every ``supervisor_tick_s`` (30 s): reap expired leases, move finished runs to ``closed``
 (revoking their keys), revoke keys left on closed/aborted/failed runs, write one capacity
-snapshot per pool and scale the eval pool to its queue. ``max_ticks`` bounds the loop (tests).
+snapshot per pool, scale the eval pool to its queue, and publish each open run's progress
+(Valkey hash when configured, Prefect progress artifact; ``tasks.progress``). ``max_ticks``
+bounds the loop (tests).
 """
 
 from __future__ import annotations
@@ -12,24 +14,27 @@ import time
 from prefect import flow, task
 
 from evalfleet.settings import get_settings
-from tasks import supervise
+from tasks import progress, supervise
 
 reap = task(name="reap")(supervise.reap)
 complete_runs = task(name="complete-runs")(supervise.complete_runs)
 recover_keys = task(name="recover-keys")(supervise.recover_keys)
 snapshot = task(name="capacity-snapshot")(supervise.snapshot_capacity)
 scale_eval = task(name="scale-eval-pool")(supervise.scale_eval_pool)
+publish_progress = task(name="publish-progress")(progress.publish_runs)
 
 
 def supervise_once(scale_eval_pool: bool) -> int:
     """One supervisor tick; returns how many runs are still running or draining."""
     settings = get_settings()
     reap()
+    still_changing = progress.open_run_ids()  # before closing: a run closed now is published too
     complete_runs()
     recover_keys()
     counts = supervise.pool_counts()
     limit = scale_eval(counts["eval"]["queued"]) if scale_eval_pool else 0
     snapshot({"harness": settings.static_cap, "eval": limit})
+    publish_progress(still_changing)
     return supervise.open_runs()
 
 

@@ -103,18 +103,20 @@ def launch(config: Path, idempotency_key: str | None) -> None:
 @click.command("status")
 @click.argument("run_id", required=False)
 def status(run_id: str | None) -> None:
-    """Print a run's progress from the ledger (all recent runs without RUN_ID)."""
+    """Print a run's progress from the ledger (all recent runs without RUN_ID): counts by
+    state, calls, tokens, cost, 429s, the planner's ceiling and binding constraint — the same
+    fields the Valkey progress hash and the Prefect progress artifact carry."""
+    from tasks.progress import from_ledger
+
     ids = [run_id] if run_id else _recent_runs()
+    if not ids:
+        click.echo("no runs")
     for rid in ids:
-        s = run_summary(rid)
-        counts = " ".join(f"{k}={v}" for k, v in sorted(s["instances"].items()))
-        click.echo(
-            f"{s['run']} {s['name']} [{s['state']}] {counts} | calls {s['calls']} "
-            f"in {s['input_tokens']:,} out {s['output_tokens']:,} tok | ${s['cost_usd']:.4f} | "
-            f"429s {s['rate_limited']} | ceiling {s['ceiling']} ({s['binding']})"
-        )
-        if s["failure_reason"]:
-            click.echo(f"  failed: {s['failure_reason']}")
+        p = from_ledger(rid)
+        updated = p.updated_at.isoformat(timespec="seconds") if p.updated_at else "-"
+        click.echo(f"{p.run_id} {p.name} {p.summary()} | updated {updated}")
+        if p.failure_reason:
+            click.echo(f"  failed: {p.failure_reason}")
 
 
 def _pause(scope: str, target: str, paused: bool, reason: str, actor: str) -> None:
