@@ -15,7 +15,6 @@ from prefect import flow
 
 from evalfleet.settings import get_settings
 from tasks import dispatch, instance
-from tasks.instance import JobRef
 
 
 def make_launcher(kind: str) -> dispatch.Launcher:
@@ -29,14 +28,13 @@ def dispatch_pass(launcher: dispatch.Launcher) -> int:
     """One admission pass; returns how many instances were started."""
     allowed = dispatch.admission(get_settings().static_cap, launcher.free_slots())
     leases = dispatch.claim_admitted(allowed)
-    for index, lease in enumerate(leases):
-        try:
-            launcher.launch(JobRef.of(lease))
-        except Exception as exc:
-            # nothing claimed in this pass stays leased without a flow run to hold it
-            for unlaunched in leases[index:]:
-                instance.requeue(unlaunched, exc)
-            raise
+    errors = dispatch.launch_all(launcher, leases)
+    failed = [(lease, exc) for lease, exc in zip(leases, errors, strict=True) if exc is not None]
+    # nothing claimed in this pass stays leased without a flow run to hold it
+    for lease, exc in failed:
+        instance.requeue(lease, exc)
+    if failed:
+        raise failed[0][1]
     return len(leases)
 
 

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import func, select
 
@@ -50,6 +50,8 @@ _LEASED = tuple(s.value for s in INSTANCE_LEASED)
 _CLAIMABLE = tuple(s.value for s in RUN_CLAIMABLE)
 _TERMINAL = tuple(s.value for s in RUN_TERMINAL)
 HARNESS_POOL = "harness"
+#: Flow-run creations the work-pool launcher keeps in flight at once.
+LAUNCH_CONCURRENCY = 4
 
 
 @dataclass(frozen=True)
@@ -341,3 +343,69 @@ class WorkPoolLauncher:
 
     def wait(self, timeout_s: float | None = None) -> None:
         return None
+
+    def launch_many(self, refs: Sequence[JobRef]) -> list[Exception | None]:
+        """Create the flow runs of ``refs`` concurrently on one client; per ref its error or None.
+
+        The same API call ``run_deployment(timeout=0)`` makes, without its per-call client and
+        deployment lookup (which cap it at a few launches/s on a busy machine): the deployment
+        id is resolved once, ``LAUNCH_CONCURRENCY`` creations are in flight at a time, and each
+        carries an idempotency key of its lease so a retried creation cannot start it twice.
+        """
+        from prefect.utilities.asyncutils import run_coro_as_sync
+
+        results = run_coro_as_sync(self._create_flow_runs(list(refs)))
+        assert results is not None
+        return results
+
+    async def _create_flow_runs(self, refs: list[JobRef]) -> list[Exception | None]:
+        import asyncio
+
+        from prefect import get_client
+
+        gate = asyncio.Semaphore(LAUNCH_CONCURRENCY)
+        async with get_client() as client:
+            if getattr(self, "_deployment_id", None) is None:
+                self._deployment_id = (await client.read_deployment_by_name(self._deployment)).id
+
+            async def create(ref: JobRef) -> None:
+                async with gate:
+                    await client.create_flow_run_from_deployment(
+                        self._deployment_id,
+                        parameters={"job": ref.model_dump()},
+                        name=f"{ref.instance_id} #{ref.attempt}",
+                        tags=["evalfleet", f"run:{ref.run_id}"],
+                        idempotency_key=f"evalfleet-job-{ref.job_id}-{ref.token}",
+                    )
+
+            done = await asyncio.gather(*(create(r) for r in refs), return_exceptions=True)
+        for r in done:
+            if isinstance(r, BaseException) and not isinstance(r, Exception):
+                raise r  # cancelled or interrupted: not a launch failure
+        return [r if isinstance(r, Exception) else None for r in done]
+
+
+@runtime_checkable
+class BatchLauncher(Launcher, Protocol):
+    """A launcher that starts many jobs in one call (``launch_many``: per job its error)."""
+
+    def launch_many(self, refs: Sequence[JobRef]) -> list[Exception | None]: ...
+
+
+def launch_all(launcher: Launcher, leases: Sequence[Lease]) -> list[Exception | None]:
+    """Launch every claimed job; per lease the error that kept it from starting, or None.
+
+    A batch launcher creates them concurrently; otherwise one ``launch`` after the other
+    (stopping at the first failure: the rest are reported with that error, unlaunched).
+    """
+    refs = [JobRef.of(lease) for lease in leases]
+    if isinstance(launcher, BatchLauncher):
+        return launcher.launch_many(refs)
+    errors: list[Exception | None] = []
+    for index, ref in enumerate(refs):
+        try:
+            launcher.launch(ref)
+        except Exception as exc:  # noqa: BLE001 - returned: the caller requeues and raises it
+            return errors + [exc] * (len(refs) - index)
+        errors.append(None)
+    return errors
