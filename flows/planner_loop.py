@@ -33,7 +33,7 @@ def tick(now: datetime, harness_pool: str) -> int:
     fleets = plan.read_fleet(now, plan.prefect_pool_paused(harness_pool))
     if not fleets:
         return 0
-    steps = advance_budgets(now, [f.alias for f in fleets])
+    steps = advance_budgets(now, {f.alias: f.harness for f in fleets})
     if any(s.pause_runs for s in steps.values()):
         pause_for_spend(steps)
     decisions = plan.decide_all(now, fleets, steps)

@@ -5,8 +5,8 @@ live here, so that ``tasks/plan.py`` stays a sequence of reads and writes:
 
 * ``pacer_states`` rows: a ``BudgetState`` as JSON (``state_to_json`` / ``state_from_json``;
   -inf, "never", is stored as null because PostgreSQL's JSON has no infinities), the
-  ``pacer_configs`` version it follows, the newest ``llm_calls`` id already observed and the
-  tick time. ``load_state`` / ``save_state``: a restarted loop continues with the same budgets,
+  ``pacer_configs`` version it follows, the newest ``llm_calls`` id already observed, the
+  tick time and the fleet's smoothed progress (pacer stretch). ``load_state`` / ``save_state``: a restarted loop continues with the same budgets,
   cooldowns and 429 memory instead of re-seeding.
 * ``read_window``: the ``llm_calls`` of one alias after the watermark id — 429s by limit type,
   overloads, spend errors (and the runs they hit), the counted usage of each budget class — and
@@ -71,6 +71,7 @@ class StoredState:
     config_version: int
     last_call_id: int
     tick_at: datetime
+    progress: float = 1.0  # smoothed share of unthrottled speed (planner.sizing.FleetState)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,13 @@ class WindowCalls:
     spend_runs: tuple[str, ...]
     usage: Mapping[BudgetClass, float]  # summed over the window (in-flight: token-seconds)
     last_call_id: int
+    pacer_wait_s: float = 0.0  # summed over the window's calls
+
+    def stretch_progress(self, mean_gap_s: float) -> float | None:
+        """1 / (1 + pacer wait per call / a task's mean gap between calls); None: no calls."""
+        if self.calls == 0 or mean_gap_s <= 0 or not math.isfinite(mean_gap_s):
+            return None
+        return 1.0 / (1.0 + (self.pacer_wait_s / self.calls) / mean_gap_s)
 
     def utilisation(self, budgets: Budgets, window_s: float) -> dict[BudgetClass, float]:
         """Share of each budget the window used (rates over ``window_s``)."""
@@ -237,12 +245,17 @@ def load_state(conn: Connection, alias: str) -> StoredState | None:
     ).first()
     if r is None:
         return None
+    source = f"pacer_states {alias!r}"
+    progress = r.state.get("progress", 1.0) if isinstance(r.state, dict) else 1.0
+    if isinstance(progress, bool) or not isinstance(progress, int | float) or not 0 < progress <= 1:
+        raise ConfigError(source, [f"progress: must be in (0, 1], got {progress!r}"])
     return StoredState(
         alias=r.alias,
-        state=state_from_json(r.state, source=f"pacer_states {alias!r}"),
+        state=state_from_json(r.state, source=source),
         config_version=int(r.config_version),
         last_call_id=int(r.last_call_id),
         tick_at=as_utc(r.tick_at),
+        progress=float(progress),
     )
 
 
@@ -250,7 +263,7 @@ def save_state(engine: Engine, stored: StoredState) -> None:
     """Insert or replace the alias's row (one transaction)."""
     values = {
         "alias": stored.alias,
-        "state": state_to_json(stored.state),
+        "state": state_to_json(stored.state) | {"progress": stored.progress},
         "config_version": stored.config_version,
         "last_call_id": stored.last_call_id,
         "tick_at": stored.tick_at,
@@ -301,6 +314,7 @@ def read_window(
             ok_sum(counted),
             ok_sum(LlmCall.output_tokens),
             ok_sum((LlmCall.input_tokens + LlmCall.output_tokens) * LlmCall.latency_s),
+            func.coalesce(func.sum(LlmCall.pacer_wait_s), 0.0),
         ).where(*base)
     ).one()
     errors = conn.execute(
@@ -335,6 +349,7 @@ def read_window(
             BudgetClass.INFLIGHT: float(agg[4]),
         },
         last_call_id=int(agg[1]),
+        pacer_wait_s=float(agg[5]),
     )
 
 

@@ -9,11 +9,11 @@ One tick, per alias with claimable runs (the clock is read by the flow and passe
    queued jobs, the harness of most of the alias's work, pauses (the harness pool's ledger flag
    or the Prefect work pool's pause, every run paused), caps: the static cap, the runs' task
    caps, the runs' ceiling overrides and the alias's own override (``alias_controls``).
-2. ``advance_budgets`` — the controller (``planner.budgets``): its state is loaded from
-   ``pacer_states`` (or seeded from the ``pacer_configs`` row, else the alias file's seed; an
-   operator edit — a new ``pacer_configs`` version — re-seeds it), stepped with what the
-   gateway recorded since the previous tick (``ledger.pacer_state.read_window``: 429s by limit
-   type, overloads, spend errors, utilisation, headers observed since the last tick), and saved.
+2. ``advance_budgets`` (``tasks/plan_budgets.py``) — the controller (``planner.budgets``): its
+   state is loaded from ``pacer_states`` (or seeded from the ``pacer_configs`` row, else the
+   alias file's seed; an operator edit — a new ``pacer_configs`` version — re-seeds it),
+   stepped with what the gateway recorded since the previous tick (429s by limit type,
+   overloads, spend errors, utilisation, headers observed since the last tick), and saved.
 3. ``pause_for_spend`` — a spend or billing error pauses the runs it hit (ledger flag + audit).
 4. ``decide_all`` — ``planner.sizing.decide`` with the harness's newest curve
    (``ledger.curves.CurveCache``: a version written between two ticks is used at the next; a
@@ -26,45 +26,44 @@ One tick, per alias with claimable runs (the clock is read by the flow and passe
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import Counter
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import Connection, Engine, func, insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from evalfleet.errors import NotFound
 from evalfleet.settings import get_settings
 from evalfleet.states import RUN_CLAIMABLE
-from gateway.aliases import Alias, Aliases, load_aliases
-from gateway.pacer_local import seed_budgets, token_class
-from ledger import pacer_state
 from ledger.clock import as_utc
 from ledger.controls import alias_ceiling_overrides
-from ledger.curves import CurveCache, StoredCurve
-from ledger.models import InstanceResult, Job, PacerConfig, PauseFlag, PlannerDecision, Run
+from ledger.models import InstanceResult, Job, PauseFlag, PlannerDecision, Run
 from ledger.pauses import set_pause
-from planner.budgets import (
-    Budgets,
-    BudgetState,
-    ControllerActions,
-    ControllerConfig,
-    SeedSource,
-    WindowObservation,
-    header_budgets,
-    initial_state,
-    step,
-)
-from planner.classify import LimitType
-from planner.curves import DEFAULT_HARNESS
 from planner.decision import Decision
 from planner.sizing import Caps, Counting, FleetState, SizingConfig, decide
 from tasks.ledger_io import engine
+from tasks.plan_budgets import BudgetStep, advance_budgets, aliases, curve_cache, curve_for
+
+__all__ = [
+    "AliasFleet",
+    "BudgetStep",
+    "advance_budgets",
+    "aliases",
+    "curve_cache",
+    "curve_for",
+    "decide_all",
+    "decision_table",
+    "pause_for_spend",
+    "plan_tick",
+    "prefect_pool_paused",
+    "push_pacer_limits",
+    "read_fleet",
+    "record_decisions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,38 +84,6 @@ class AliasFleet:
     queued: int
     paused: bool
     caps: Caps
-
-
-@dataclass(frozen=True)
-class BudgetStep:
-    """The controller's tick for one alias: its new state, what it did, runs to pause."""
-
-    alias: str
-    state: BudgetState
-    actions: ControllerActions
-    pause_runs: tuple[str, ...]
-    burst_s: float
-    cooldown_s: float
-
-
-def aliases() -> Aliases:
-    """The aliases in force (the settings' file, else the embedded default)."""
-    s = get_settings()
-    return load_aliases(s.aliases_file, provider_sim_url=s.provider_sim_url)
-
-
-@functools.cache
-def _curve_cache(eng: Engine) -> CurveCache:
-    return CurveCache(eng)
-
-
-def curve_for(harness: str) -> StoredCurve:
-    """The harness's newest curve; the default harness's when it has none (stored or shipped)."""
-    cache = _curve_cache(engine())
-    try:
-        return cache.get(harness)
-    except NotFound:
-        return cache.get(DEFAULT_HARNESS)
 
 
 def prefect_pool_paused(pool: str) -> bool:
@@ -219,161 +186,6 @@ def _min_or_none(a: int | None, b: int | None) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. the budget controller
-
-
-def _row_budgets(values: dict[str, Any]) -> Budgets:
-    return Budgets(
-        calls_per_s=float(values["calls_per_s"]),
-        tokens_per_s=float(values["tokens_per_s"]),
-        output_tokens_per_s=(
-            None if values.get("output_tokens_per_s") is None else values["output_tokens_per_s"]
-        ),
-        inflight_tokens=float(values["inflight_tokens"]),
-    )
-
-
-def _seeded(
-    conn: Connection, alias: Alias, row: PacerConfig | None, now: datetime, cfg: ControllerConfig
-) -> BudgetState:
-    """A fresh controller state from the ``pacer_configs`` row, else the alias file's seed."""
-    headers = pacer_state.fresh_header_limits(
-        conn, alias.name, now - timedelta(seconds=cfg.stale_after_s)
-    )
-    if row is None:
-        return initial_state(
-            seed_budgets(alias),
-            now.timestamp(),
-            observed_limits=headers,
-            cached_input_counts=alias.cached_input_counts,
-            token_class=token_class(alias),
-            config=cfg,
-        )
-    state = initial_state(
-        _row_budgets(dict(row.seed)),
-        now.timestamp(),
-        seeded_at=as_utc(row.seeded_at).timestamp(),
-        cached_input_counts=row.cached_input_counts,
-        token_class=token_class(alias),
-        config=cfg,
-    )
-    in_force = _row_budgets(
-        {k: getattr(row, k) for k in ("calls_per_s", "tokens_per_s", "inflight_tokens")}
-        | {"output_tokens_per_s": row.output_tokens_per_s}
-    )
-    state = replace(state, budgets=in_force, seed_source=cast(SeedSource, row.seed_source))
-    return state  # the tick's step applies the stated limits (hard caps) to the row's values
-
-
-def _reseeded(state: BudgetState, headers: dict[LimitType, float]) -> BudgetState:
-    """A stale seed with fresh headers: the stated limits become the budgets (``step`` then
-    makes them the seed and hard caps). Without this, a stale budget far below the stated
-    limit would stay there, growing 5% per window."""
-    caps = header_budgets(
-        headers,
-        token_class=state.token_class,
-        has_output_budget=state.seed.output_tokens_per_s is not None,
-    )
-    budgets = state.budgets
-    for cls, cap in caps.items():
-        budgets = budgets.with_value(cls, cap)
-    return replace(state, budgets=budgets)
-
-
-def _prior(
-    conn: Connection,
-    alias: Alias,
-    row: PacerConfig | None,
-    version: int,
-    now: datetime,
-    cfg: ControllerConfig,
-) -> tuple[BudgetState, int, datetime, float]:
-    """The state to step from, the ``llm_calls`` watermark, since when headers are new, and the
-    window's length: the saved state (re-seeded if an operator edited the pacer since), or a
-    fresh seed that observes calls from now on and headers of the last ``stale_after_s``."""
-    stored = pacer_state.load_state(conn, alias.name)
-    if stored is None:
-        state = _seeded(conn, alias, row, now, cfg)
-        since = now - timedelta(seconds=cfg.stale_after_s)
-        return state, pacer_state.latest_call_id(conn), since, cfg.window_s
-    state = stored.state
-    if stored.config_version != version:  # an operator edited the pacer
-        fresh = _seeded(conn, alias, row, now, cfg)
-        state = replace(
-            fresh, cooldown_until=state.cooldown_until, backoff_until=state.backoff_until
-        )
-    window_s = max((now - stored.tick_at).total_seconds(), 1.0)
-    return state, stored.last_call_id, stored.tick_at, window_s
-
-
-def advance_budgets(now: datetime, alias_names: list[str]) -> dict[str, BudgetStep]:
-    """Step each alias's controller over the calls since its previous tick; save the states."""
-    settings = get_settings()
-    known = aliases()
-    out: dict[str, BudgetStep] = {}
-    eng = engine()
-    for name in alias_names:
-        alias = known.find(name)
-        if alias is None:
-            log.error("alias %s of a claimable run is not configured: not planned", name)
-            continue
-        with eng.connect() as conn:
-            with Session(bind=conn, expire_on_commit=False) as session:
-                row = session.scalars(
-                    select(PacerConfig).where(PacerConfig.alias == name)
-                ).one_or_none()
-                if row is not None:
-                    session.expunge(row)
-            burst_s = row.burst_s if row is not None else alias.pacer.burst_s
-            cooldown_s = row.cooldown_s if row is not None else alias.pacer.cooldown_s
-            cfg = ControllerConfig(
-                window_s=min(max(settings.planner_tick_s, 1.0), 300.0), cooldown_s=cooldown_s
-            )
-            version = row.version if row is not None else 0
-            state, after_id, since, window_s = _prior(conn, alias, row, version, now, cfg)
-            window = pacer_state.read_window(
-                conn,
-                name,
-                after_id,
-                token_class=state.token_class,
-                cached_input_counts=state.cached_input_counts,
-            )
-            headers = pacer_state.fresh_header_limits(conn, name, since)
-        if headers and state.is_stale(now.timestamp()):
-            state = _reseeded(state, headers)
-        obs = WindowObservation(
-            now=now.timestamp(),
-            throttles=tuple((lt, None) for lt in window.throttles),
-            overloads=window.overloads,
-            spend_errors=window.spend_errors,
-            observed_limits=headers,
-            utilisation=window.utilisation(state.budgets, window_s),
-        )
-        state, actions = step(state, obs, cfg)
-        for note in actions.notes:
-            log.info("alias %s: %s", name, note)
-        pacer_state.save_state(
-            eng,
-            pacer_state.StoredState(
-                alias=name,
-                state=state,
-                config_version=version,
-                last_call_id=max(window.last_call_id, after_id),
-                tick_at=now,
-            ),
-        )
-        out[name] = BudgetStep(
-            alias=name,
-            state=state,
-            actions=actions,
-            pause_runs=window.spend_runs if actions.pause_run else (),
-            burst_s=burst_s,
-            cooldown_s=cooldown_s,
-        )
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # 3.-6. spend pauses, decisions, their rows, the Prefect limits
 
 
@@ -423,6 +235,7 @@ def decide_all(
             paused=fleet.paused or all(r in s.pause_runs for r in fleet.run_ids),
             in_cooldown=s.state.in_cooldown(t),
             stale=s.actions.stale,
+            progress=s.progress,
         )
         counting = Counting(
             cached_input_counts=s.state.cached_input_counts,
@@ -465,7 +278,7 @@ def push_pacer_limits(steps: dict[str, BudgetStep]) -> list[str]:
 def plan_tick(now: datetime, prefect_paused: bool) -> dict[str, Decision]:
     """The ledger part of one tick (steps 1-5) in one call; the loop flow runs them as tasks."""
     fleets = read_fleet(now, prefect_paused)
-    steps = advance_budgets(now, [f.alias for f in fleets])
+    steps = advance_budgets(now, {f.alias: f.harness for f in fleets})
     pause_for_spend(steps)
     decisions = decide_all(now, fleets, steps)
     record_decisions(now, decisions)

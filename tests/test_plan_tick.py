@@ -145,6 +145,7 @@ def add_calls(
     run_id: str | None = None,
     at: datetime = T0,
     tokens: int = 1000,
+    pacer_wait_s: float = 0.0,
 ) -> None:
     with eng.begin() as conn:
         conn.execute(
@@ -159,6 +160,7 @@ def add_calls(
                     "status": status,
                     "limit_type": limit_type,
                     "latency_s": 1.0,
+                    "pacer_wait_s": pacer_wait_s,
                 }
                 for _ in range(n)
             ],
@@ -302,7 +304,7 @@ def test_a_429_of_one_type_cuts_only_that_budget_across_ticks(plan_ledger: Engin
     assert d3.budgets["inflight_tokens"] == pytest.approx(first.budgets["inflight_tokens"])
 
     # a restarted loop (fresh process caches) continues from the ledger's state
-    plan._curve_cache.cache_clear()
+    plan.curve_cache.cache_clear()
     d4 = plan.plan_tick(t1 + timedelta(seconds=75), False)[ALIAS]
     assert d4.budgets["tokens_per_s"] == pytest.approx(tokens0 * 0.75)
     assert d4.binding.value == "cooldown"
@@ -392,3 +394,20 @@ def test_a_stale_config_says_so_and_keeps_work_moving_until_headers_reseed_it(
     assert not d.stale and d.binding.value != "stale_config"
     assert d.budgets["calls_per_s"] == pytest.approx(5.0)
     assert stored(plan_ledger).state.seed_source == "headers"
+
+
+def test_pacer_waits_lower_the_fleets_progress_and_it_persists(plan_ledger: Engine) -> None:
+    add_run(plan_ledger, running=6, queued=30)
+    plan.plan_tick(T0, False)
+    assert stored(plan_ledger).progress == 1.0
+    add_calls(plan_ledger, 20, pacer_wait_s=20.0)  # every call waited 20 s at the pacer
+    plan.plan_tick(T0 + timedelta(seconds=30), False)
+    first = stored(plan_ledger).progress
+    assert 0.05 <= first < 1.0
+    add_calls(plan_ledger, 20, pacer_wait_s=20.0)
+    plan.plan_tick(T0 + timedelta(seconds=45), False)
+    second = stored(plan_ledger).progress
+    assert second < first  # smoothed: it keeps moving toward the measured stretch
+    add_calls(plan_ledger, 20, pacer_wait_s=0.0)  # calls that did not wait pull it back up
+    plan.plan_tick(T0 + timedelta(seconds=60), False)
+    assert stored(plan_ledger).progress > second

@@ -1,0 +1,258 @@
+"""The planner loop's budget controller step: per alias, the ``planner.budgets`` state is loaded
+from the ledger (``ledger.pacer_state``), stepped with what the gateway recorded since the
+previous tick, and saved — so a restarted loop continues with the same budgets, cooldowns and
+429 memory.
+
+* Seeding: the ``pacer_configs`` row (the operator's values in force and its seed and
+  ``seeded_at``), else the alias file's seed; headers the provider stated within the staleness
+  limit win (``initial_state``). A new ``pacer_configs`` version (an operator edit or re-base)
+  re-seeds the state, keeping a running cooldown.
+* Each tick: ``read_window`` (429s by limit type, overloads, spend errors and the runs they hit,
+  utilisation of each budget) and the headers observed since the previous tick go into one
+  ``WindowObservation``; a stale seed with fresh headers is re-seeded to the stated limits
+  first. The fleet's progress (pacer stretch, ``planner.sizing.FleetState.progress``) is
+  smoothed from the window's pacer waits and kept with the state.
+
+Also here: the aliases in force and the per-process ``CurveCache`` (a curve version written
+between two ticks is used at the next one).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import Connection, Engine, select
+from sqlalchemy.orm import Session
+
+from evalfleet.errors import NotFound
+from evalfleet.settings import get_settings
+from gateway.aliases import Alias, Aliases, load_aliases
+from gateway.pacer_local import seed_budgets, token_class
+from ledger import pacer_state
+from ledger.clock import as_utc
+from ledger.curves import CurveCache, StoredCurve
+from ledger.models import PacerConfig
+from planner.budgets import (
+    Budgets,
+    BudgetState,
+    ControllerActions,
+    ControllerConfig,
+    SeedSource,
+    WindowObservation,
+    header_budgets,
+    initial_state,
+    step,
+)
+from planner.classify import LimitType
+from planner.curves import DEFAULT_HARNESS, HarnessCurve
+from planner.sizing import Counting, SizingConfig, steady_state
+from tasks.ledger_io import engine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BudgetStep:
+    """The controller's tick for one alias: its new state, what it did, runs to pause."""
+
+    alias: str
+    state: BudgetState
+    actions: ControllerActions
+    pause_runs: tuple[str, ...]
+    burst_s: float
+    cooldown_s: float
+    progress: float = 1.0
+
+
+def aliases() -> Aliases:
+    """The aliases in force (the settings' file, else the embedded default)."""
+    s = get_settings()
+    return load_aliases(s.aliases_file, provider_sim_url=s.provider_sim_url)
+
+
+@functools.cache
+def curve_cache(eng: Engine) -> CurveCache:
+    """One ``CurveCache`` per process (and ledger engine)."""
+    return CurveCache(eng)
+
+
+def curve_for(harness: str) -> StoredCurve:
+    """The harness's newest curve; the default harness's when it has none (stored or shipped)."""
+    cache = curve_cache(engine())
+    try:
+        return cache.get(harness)
+    except NotFound:
+        return cache.get(DEFAULT_HARNESS)
+
+
+def _row_budgets(values: dict[str, Any]) -> Budgets:
+    return Budgets(
+        calls_per_s=float(values["calls_per_s"]),
+        tokens_per_s=float(values["tokens_per_s"]),
+        output_tokens_per_s=(
+            None if values.get("output_tokens_per_s") is None else values["output_tokens_per_s"]
+        ),
+        inflight_tokens=float(values["inflight_tokens"]),
+    )
+
+
+def _seeded(
+    conn: Connection, alias: Alias, row: PacerConfig | None, now: datetime, cfg: ControllerConfig
+) -> BudgetState:
+    """A fresh controller state from the ``pacer_configs`` row, else the alias file's seed."""
+    headers = pacer_state.fresh_header_limits(
+        conn, alias.name, now - timedelta(seconds=cfg.stale_after_s)
+    )
+    if row is None:
+        return initial_state(
+            seed_budgets(alias),
+            now.timestamp(),
+            observed_limits=headers,
+            cached_input_counts=alias.cached_input_counts,
+            token_class=token_class(alias),
+            config=cfg,
+        )
+    state = initial_state(
+        _row_budgets(dict(row.seed)),
+        now.timestamp(),
+        seeded_at=as_utc(row.seeded_at).timestamp(),
+        cached_input_counts=row.cached_input_counts,
+        token_class=token_class(alias),
+        config=cfg,
+    )
+    in_force = _row_budgets(
+        {k: getattr(row, k) for k in ("calls_per_s", "tokens_per_s", "inflight_tokens")}
+        | {"output_tokens_per_s": row.output_tokens_per_s}
+    )
+    state = replace(state, budgets=in_force, seed_source=cast(SeedSource, row.seed_source))
+    return state  # the tick's step applies the stated limits (hard caps) to the row's values
+
+
+def _reseeded(state: BudgetState, headers: dict[LimitType, float]) -> BudgetState:
+    """A stale seed with fresh headers: the stated limits become the budgets (``step`` then
+    makes them the seed and hard caps). Without this, a stale budget far below the stated
+    limit would stay there, growing 5% per window."""
+    caps = header_budgets(
+        headers,
+        token_class=state.token_class,
+        has_output_budget=state.seed.output_tokens_per_s is not None,
+    )
+    budgets = state.budgets
+    for cls, cap in caps.items():
+        budgets = budgets.with_value(cls, cap)
+    return replace(state, budgets=budgets)
+
+
+def _prior(
+    conn: Connection,
+    alias: Alias,
+    row: PacerConfig | None,
+    version: int,
+    now: datetime,
+    cfg: ControllerConfig,
+) -> tuple[BudgetState, int, datetime, float, float]:
+    """The state to step from, the ``llm_calls`` watermark, since when headers are new, the
+    window's length and the fleet's progress so far: the saved state (re-seeded if an operator edited the pacer since), or a
+    fresh seed that observes calls from now on and headers of the last ``stale_after_s``."""
+    stored = pacer_state.load_state(conn, alias.name)
+    if stored is None:
+        state = _seeded(conn, alias, row, now, cfg)
+        since = now - timedelta(seconds=cfg.stale_after_s)
+        return state, pacer_state.latest_call_id(conn), since, cfg.window_s, 1.0
+    state = stored.state
+    if stored.config_version != version:  # an operator edited the pacer
+        fresh = _seeded(conn, alias, row, now, cfg)
+        state = replace(
+            fresh, cooldown_until=state.cooldown_until, backoff_until=state.backoff_until
+        )
+    window_s = max((now - stored.tick_at).total_seconds(), 1.0)
+    return state, stored.last_call_id, stored.tick_at, window_s, stored.progress
+
+
+def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, BudgetStep]:
+    """Step each alias's controller over the calls since its previous tick, update the fleet's
+    progress (pacer stretch) and save both. ``harnesses``: alias -> the harness of its work."""
+    settings = get_settings()
+    known = aliases()
+    out: dict[str, BudgetStep] = {}
+    eng = engine()
+    for name, harness in sorted(harnesses.items()):
+        alias = known.find(name)
+        if alias is None:
+            log.error("alias %s of a claimable run is not configured: not planned", name)
+            continue
+        with eng.connect() as conn:
+            with Session(bind=conn, expire_on_commit=False) as session:
+                row = session.scalars(
+                    select(PacerConfig).where(PacerConfig.alias == name)
+                ).one_or_none()
+                if row is not None:
+                    session.expunge(row)
+            burst_s = row.burst_s if row is not None else alias.pacer.burst_s
+            cooldown_s = row.cooldown_s if row is not None else alias.pacer.cooldown_s
+            cfg = ControllerConfig(
+                window_s=min(max(settings.planner_tick_s, 1.0), 300.0), cooldown_s=cooldown_s
+            )
+            version = row.version if row is not None else 0
+            state, after_id, since, window_s, progress = _prior(conn, alias, row, version, now, cfg)
+            window = pacer_state.read_window(
+                conn,
+                name,
+                after_id,
+                token_class=state.token_class,
+                cached_input_counts=state.cached_input_counts,
+            )
+            headers = pacer_state.fresh_header_limits(conn, name, since)
+        if headers and state.is_stale(now.timestamp()):
+            state = _reseeded(state, headers)
+        obs = WindowObservation(
+            now=now.timestamp(),
+            throttles=tuple((lt, None) for lt in window.throttles),
+            overloads=window.overloads,
+            spend_errors=window.spend_errors,
+            observed_limits=headers,
+            utilisation=window.utilisation(state.budgets, window_s),
+        )
+        state, actions = step(state, obs, cfg)
+        progress = _smoothed(progress, window, curve_for(harness).curve, window_s)
+        for note in actions.notes:
+            log.info("alias %s: %s", name, note)
+        pacer_state.save_state(
+            eng,
+            pacer_state.StoredState(
+                alias=name,
+                state=state,
+                config_version=version,
+                last_call_id=max(window.last_call_id, after_id),
+                tick_at=now,
+                progress=progress,
+            ),
+        )
+        out[name] = BudgetStep(
+            alias=name,
+            state=state,
+            actions=actions,
+            pause_runs=window.spend_runs if actions.pause_run else (),
+            burst_s=burst_s,
+            cooldown_s=cooldown_s,
+            progress=progress,
+        )
+    return out
+
+
+def _smoothed(
+    progress: float, window: pacer_state.WindowCalls, curve: HarnessCurve, window_s: float
+) -> float:
+    """The fleet's progress, smoothed over about one task lifetime (as ``sim.planner_policy``):
+    1 / (1 + pacer wait per call / a task's mean gap between calls)."""
+    sizing = SizingConfig()
+    gap = steady_state(curve, Counting(), sizing.boot_s, sizing.integration_age_s).mean_gap_s
+    measured = window.stretch_progress(gap)
+    if measured is None:
+        return progress
+    weight = min(1.0, window_s / max(curve.mean_duration_s(), 1.0))
+    return min(1.0, max(0.05, progress + weight * (measured - progress)))
