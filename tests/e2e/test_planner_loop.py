@@ -23,14 +23,14 @@ from tests.test_plan_tick import ALIAS, add_calls, add_run, stored
 
 pytestmark = [pytest.mark.postgres, pytest.mark.prefect, pytest.mark.slow]
 
-TICK_S = 1.0
+TICK_S = 3.0
 
 
 @pytest.fixture
 def loop_env(
     prefect_api_url: str, e2e_ledger_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[str]:
-    """Settings for the loop: a fresh ledger, a 1 s tick, a harness pool of this test's own."""
+    """Settings for the loop: a fresh ledger, a 3 s tick, a harness pool of this test's own."""
     pool = f"plan-test-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("EVALFLEET_DATABASE_URL", e2e_ledger_url)
     monkeypatch.setenv("EVALFLEET_PLANNER_TICK_S", str(TICK_S))
@@ -81,7 +81,10 @@ def test_the_loop_decides_every_tick_and_pushes_budgets_to_prefect(loop_env: str
     rows = _decisions()
     assert len(rows) == 4
     gaps = [(b[0] - a[0]).total_seconds() for a, b in itertools.pairwise(rows)]
-    assert all(abs(g - TICK_S) < 0.6 for g in gaps), gaps
+    # the loop keeps a fixed schedule: single gaps jitter with the machine's load (a tick is a
+    # few Prefect task runs), the span of three ticks does not drift
+    assert all(0.5 * TICK_S < g < 1.5 * TICK_S for g in gaps), gaps
+    assert abs(sum(gaps) - 3 * TICK_S) < 1.0, gaps
     assert {r[1] for r in rows} == {"run_cap"} and {r[2] for r in rows} == {4}
 
     state = stored(eng).state
