@@ -5,6 +5,12 @@ repeats nothing harmful:
 
 * ``reap``: expired leases go back to the queue (or ``lost`` past ``max_attempts``) through
   ``ledger.reaper.expire``; a still-running Prefect flow run of a reaped attempt is cancelled.
+  Attempts whose flow run already ended without landing (``Crashed`` — the process was killed
+  or the task died —, ``Failed`` or ``Cancelled`` in Prefect) go back at once too, without
+  waiting for the lease to expire: the worker reports a dead process immediately, so the
+  visibility timeout can stay long enough to cover a slow boot. Only ``running`` and
+  ``evaluating`` rows are judged this way (their ``flow_run_id`` is the current attempt's); a
+  lease whose holder is still alive is refused at landing anyway (``StaleLease``).
 * ``complete_runs``: a running run with nothing left queued goes ``draining``; a draining run
   whose instances are all terminal goes ``closed`` and its keys are revoked.
 * ``recover_keys``: keys still active on closed, aborted or failed runs are revoked.
@@ -21,12 +27,14 @@ from typing import Any
 
 from sqlalchemy import func, insert, select
 
-from evalfleet.errors import IllegalTransition
+from evalfleet.errors import IllegalTransition, StaleLease
 from evalfleet.settings import get_settings
-from evalfleet.states import INSTANCE_TERMINAL, RunState
+from evalfleet.states import INSTANCE_TERMINAL, InstanceState, RunState
 from gateway.keys import KIND_GATEWAY, KIND_PROVIDER, STATE_ACTIVE
 from ledger.models import ApiKey, CapacitySnapshot, InstanceResult, Job, PauseFlag, Run
+from ledger.queue import Lease
 from ledger.reaper import expire
+from ledger.reaper import requeue as queue_requeue
 from ledger.runs import set_run_state
 from planner.eval_scaler import eval_pool_target
 from tasks.keys import revoke_keys
@@ -36,15 +44,89 @@ log = logging.getLogger(__name__)
 _TERMINAL = tuple(s.value for s in INSTANCE_TERMINAL)
 _CLOSED = (RunState.CLOSED.value, RunState.ABORTED.value, RunState.FAILED.value)
 POOLS = ("harness", "eval")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # a requeue does not read the lease's deadline
 
 
 def reap() -> tuple[int, int]:
-    """Expire stale leases; cancel their flow runs. Returns (requeued, lost)."""
+    """Expire stale leases (cancelling their flow runs) and return attempts whose flow run
+    ended without landing. Returns (requeued, lost)."""
     report = expire(engine())
     pairs = [*report.requeued, *report.lost]
     if pairs:
         _cancel_flow_runs(pairs)
-    return len(report.requeued), len(report.lost)
+    requeued, lost = reap_dead_flow_runs()
+    return len(report.requeued) + requeued, len(report.lost) + lost
+
+
+_DEAD = ("CRASHED", "FAILED", "CANCELLED")
+_PAGE = 200  # the Prefect API's page size cap
+
+
+def reap_dead_flow_runs() -> tuple[int, int]:
+    """Requeue (or end ``lost``) running/evaluating attempts whose Prefect flow run is over
+    without having landed. Returns (requeued, lost)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with engine().connect() as conn:
+        held = conn.execute(
+            select(
+                Job.id,
+                Job.run_id,
+                Job.instance_id,
+                Job.stage,
+                Job.lease_token,
+                InstanceResult.attempt,
+                InstanceResult.flow_run_id,
+            )
+            .join(
+                InstanceResult,
+                (InstanceResult.run_id == Job.run_id)
+                & (InstanceResult.instance_id == Job.instance_id)
+                & (InstanceResult.lease_token == Job.lease_token),
+            )
+            .where(
+                InstanceResult.state.in_(("running", "evaluating")),
+                InstanceResult.flow_run_id.is_not(None),
+            )
+        ).all()
+    if not held:
+        return 0, 0
+    by_flow_run = {str(row.flow_run_id): row for row in held}
+    dead: list[Any] = []
+    ids = [uuid.UUID(f) for f in by_flow_run]
+    with get_client(sync_client=True) as client:
+        for start in range(0, len(ids), _PAGE):
+            page = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids[start : start + _PAGE])),
+                limit=_PAGE,
+            )
+            dead.extend(
+                by_flow_run[str(fr.id)]
+                for fr in page
+                if fr.state is not None and fr.state.type.value in _DEAD
+            )
+    requeued = lost = 0
+    for row in dead:
+        lease = Lease(
+            row.id, row.run_id, row.instance_id, row.stage, row.lease_token, row.attempt, _EPOCH
+        )
+        try:
+            target = queue_requeue(engine(), lease, f"flow run {row.flow_run_id} ended: requeued")
+        except StaleLease:  # it landed or was requeued meanwhile
+            continue
+        if target == InstanceState.LOST:
+            lost += 1
+        else:
+            requeued += 1
+        log.warning(
+            "instance %s/%s: flow run %s is over without landing; %s",
+            row.run_id,
+            row.instance_id,
+            row.flow_run_id,
+            target.value,
+        )
+    return requeued, lost
 
 
 def _cancel_flow_runs(pairs: list[tuple[str, str]]) -> None:
