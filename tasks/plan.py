@@ -27,6 +27,8 @@ One tick, per alias with claimable runs (the clock is read by the flow and passe
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,6 +45,7 @@ from ledger.clock import as_utc
 from ledger.controls import alias_ceiling_overrides
 from ledger.models import InstanceResult, Job, PauseFlag, PlannerDecision, Run
 from ledger.pauses import set_pause
+from planner.budgets import Budgets
 from planner.decision import Decision
 from planner.sizing import Caps, Counting, FleetState, SizingConfig, decide
 from tasks.ledger_io import engine
@@ -257,20 +260,43 @@ def record_decisions(now: datetime, decisions: dict[str, Decision]) -> None:
         )
 
 
+_PUSHED: dict[tuple[str, str], tuple[Budgets, float, float]] = {}
+_PUSHED_LOCK = threading.Lock()
+REASSERT_S = 60.0
+
+
 def push_pacer_limits(steps: dict[str, BudgetStep]) -> list[str]:
-    """Write each alias's budgets to its Prefect limits; returns the aliases pushed."""
+    """Write each alias's budgets to its Prefect limits; returns the aliases pushed.
+
+    An alias whose budgets and burst are what this process pushed last is skipped unless that
+    was ``REASSERT_S`` ago (a limit edited in the UI is restored within a minute): each push is
+    a few Prefect API calls, and the embedded demo's SQLite-backed server is short of them.
+    """
+    from prefect.settings import PREFECT_API_URL
     from prefect.utilities.asyncutils import run_coro_as_sync
 
     from gateway.pacer_prefect import push_budgets
 
+    api = str(PREFECT_API_URL.value())
     known = aliases()
     pushed = []
     for name, s in sorted(steps.items()):
+        with _PUSHED_LOCK:
+            last = _PUSHED.get((api, name))
+        at = time.monotonic()
+        if (
+            last is not None
+            and last[:2] == (s.state.budgets, s.burst_s)
+            and at - last[2] < REASSERT_S
+        ):
+            continue
         alias = known.get(name)
         alias = alias.model_copy(
             update={"pacer": alias.pacer.model_copy(update={"burst_s": s.burst_s})}
         )
         run_coro_as_sync(push_budgets(alias, s.state.budgets))
+        with _PUSHED_LOCK:
+            _PUSHED[(api, name)] = (s.state.budgets, s.burst_s, at)
         pushed.append(name)
     return pushed
 
