@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import func, select
 
-from evalfleet.errors import StaleLease
+from evalfleet.errors import NotFound, StaleLease
 from evalfleet.settings import get_settings
 from evalfleet.states import INSTANCE_LEASED, RUN_CLAIMABLE, RUN_TERMINAL
 from ledger.controls import alias_ceiling_overrides
@@ -366,7 +366,7 @@ class WorkPoolLauncher:
         gate = asyncio.Semaphore(LAUNCH_CONCURRENCY)
         async with get_client() as client:
             if getattr(self, "_deployment_id", None) is None:
-                self._deployment_id = (await client.read_deployment_by_name(self._deployment)).id
+                self._deployment_id = await _deployment_id(client, self._deployment)
 
             async def create(ref: JobRef) -> None:
                 async with gate:
@@ -385,6 +385,18 @@ class WorkPoolLauncher:
         return [r if isinstance(r, Exception) else None for r in done]
 
 
+async def _deployment_id(client: Any, name: str) -> Any:
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        return (await client.read_deployment_by_name(name)).id
+    except ObjectNotFound:
+        raise NotFound(
+            f"deployment {name} does not exist on the Prefect API "
+            "(EVALFLEET_INSTANCE_DEPLOYMENT; `evalfleet deploy` creates it)"
+        ) from None
+
+
 @runtime_checkable
 class BatchLauncher(Launcher, Protocol):
     """A launcher that starts many jobs in one call (``launch_many``: per job its error)."""
@@ -399,8 +411,13 @@ def launch_all(launcher: Launcher, leases: Sequence[Lease]) -> list[Exception | 
     (stopping at the first failure: the rest are reported with that error, unlaunched).
     """
     refs = [JobRef.of(lease) for lease in leases]
+    if not refs:
+        return []
     if isinstance(launcher, BatchLauncher):
-        return launcher.launch_many(refs)
+        try:
+            return launcher.launch_many(refs)
+        except Exception as exc:  # noqa: BLE001 - e.g. no such deployment: none was launched
+            return [exc] * len(refs)
     errors: list[Exception | None] = []
     for index, ref in enumerate(refs):
         try:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import Engine, func, insert, select
 
+from evalfleet.errors import NotFound
 from evalfleet.settings import get_settings
 from flows.dispatch import dispatch_pass
 from ledger.controls import control_session, set_ceiling_override
@@ -157,3 +158,61 @@ def test_a_failed_launch_returns_the_passes_claims_to_the_queue(ledger: Engine) 
     # only the one launched job keeps its lease; the three not launched are queued again
     assert leased == 1
     assert booting(ledger, a) == 1
+
+
+@pytest.mark.prefect
+def test_the_work_pool_launcher_creates_flow_runs_or_requeues_every_claim(
+    ledger: Engine, prefect_api_url: str
+) -> None:
+    import prefect.context
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    from flows.instance import run_instance
+    from tasks.dispatch import WorkPoolLauncher
+
+    prefect.context.refresh_global_settings_context()
+    a = run(ledger, 5)
+    decide(ledger, "sim-openai", 4)
+    # no such deployment: nothing is launched and every claim of the pass is queued again
+    with pytest.raises(NotFound, match="run-instance/no-such-deployment"):
+        dispatch_pass(WorkPoolLauncher("run-instance/no-such-deployment", 64))
+    assert booting(ledger, a) == 0
+    with ledger.connect() as conn:
+        assert conn.execute(select(func.count()).where(Job.lease_token.is_not(None))).scalar() == 0
+
+    tag = uuid.uuid4().hex[:8]
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=f"dispatch-test-{tag}", type="process"))
+        deployment_id = client.create_deployment(
+            flow_id=client.create_flow_from_name(run_instance.name),
+            name=f"dispatch-test-{tag}",
+            entrypoint="flows/instance.py:run_instance",
+            work_pool_name=f"dispatch-test-{tag}",
+            parameter_openapi_schema=run_instance.parameters.model_dump(),
+            enforce_parameter_schema=True,
+        )
+        try:
+            launcher = WorkPoolLauncher(f"{run_instance.name}/dispatch-test-{tag}", 64)
+            assert dispatch_pass(launcher) == 4
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+            )
+            # one flow run per claimed job, its only parameter the job reference
+            with ledger.connect() as conn:
+                leased = dict(
+                    conn.execute(
+                        select(Job.instance_id, Job.lease_token).where(Job.lease_token.is_not(None))
+                    ).all()
+                )
+            refs = [JobRef.model_validate(r.parameters["job"]) for r in runs]
+            assert {ref.instance_id: ref.token for ref in refs} == leased
+            assert all(r.state is not None and r.state.is_scheduled() for r in runs)
+        finally:
+            for flow_run in client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+            ):
+                client.delete_flow_run(flow_run.id)
+            client.delete_deployment(deployment_id)
+            client.delete_work_pool(f"dispatch-test-{tag}")
