@@ -138,7 +138,7 @@ def fleets(draw: st.DrawFn) -> tuple[Fleet, int, int]:
     return f, draw(st.integers(1, 50)), draw(st.integers(0, 50))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(fleets())
 def test_admission_never_exceeds_any_bound(case: tuple[Fleet, int, int]) -> None:
     f, static_cap, free_slots = case
