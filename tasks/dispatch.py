@@ -19,7 +19,9 @@ its live tasks but gets no new ones. ``claim_admitted`` claims each run's own al
 Launchers share one interface (``launch(ref)``, ``free_slots()``, ``wait()``):
 ``InProcessLauncher`` runs the run-instance flow in a bounded thread pool (the embedded
 default); ``WorkPoolLauncher`` creates a flow run of the run-instance deployment on a work pool
-(process locally, ECS in production) with the job reference as its only parameter.
+(process locally, ECS in production) with the job reference as its only parameter — a pass's
+jobs at once (``launch_many``: one client, a few creations in flight; ``launch_all`` picks it).
+A job whose launch failed is returned to the queue by the caller (``flows.dispatch``).
 """
 
 from __future__ import annotations
