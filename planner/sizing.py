@@ -25,7 +25,7 @@ so one decision costs the same for 100 or 10,000 live tasks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
@@ -99,6 +99,7 @@ class SizingConfig:
     boot_s: float = 60.0
     overdrive: float = 1.10
     max_wait_s: float = 6.0
+    endgame_max_wait_s: float = 12.0
     age_bin_s: float = 5.0
     stale_floor: int = 1
     integration_age_s: float = 7200.0
@@ -108,10 +109,44 @@ class SizingConfig:
             raise ValueError("horizon_s and step_s must be positive, horizon_s >= step_s")
         if self.boot_s < 0 or self.max_wait_s < 0 or self.age_bin_s <= 0:
             raise ValueError("boot_s and max_wait_s must be >= 0, age_bin_s > 0")
+        if self.endgame_max_wait_s < self.max_wait_s:
+            raise ValueError("endgame_max_wait_s must be >= max_wait_s")
         if self.overdrive < 1.0:
             raise ValueError("overdrive must be >= 1 (the pacer must have demand to hold back)")
         if self.stale_floor < 1:
             raise ValueError("stale_floor must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class OverdriveConfig:
+    """The saturation controller's constants (see ``hold_overdrive``)."""
+
+    target_utilisation: float = 0.97
+    gain: float = 0.6
+    min_factor: float = 1.0
+    max_factor: float = 1.5
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.target_utilisation <= 1.0:
+            raise ValueError("target_utilisation must be within [0.5, 1]")
+        if not (0.0 < self.gain <= 5.0 and 0.5 <= self.min_factor <= 1.0 <= self.max_factor):
+            raise ValueError("gain must be in (0, 5], min_factor <= 1 <= max_factor")
+
+
+def hold_overdrive(factor: float, utilisation: float, config: OverdriveConfig) -> float:
+    """One step of the saturation controller: the overdrive multiplier for the next tick.
+
+    The curve's projection of a fleet's demand is an average; a given run's tasks can draw
+    less (or more) than it says, and a fleet sized to ``overdrive x budget`` by the curve then
+    leaves the limit idle. The controller integrates the gap between the saturating budget's
+    measured utilisation over the last window (the pacer's ``take_usage``) and the target:
+    below the target the multiplier grows, at a fully used budget it shrinks slowly back
+    toward 1 (the pacer holds the surplus, so a saturated window says the fleet is big
+    enough). Feed it only windows where the sizing set the fleet (binding ``paced``, work
+    queued, no cooldown): a cap, a freeze or the drain says nothing about the curve.
+    """
+    step = config.gain * (config.target_utilisation - min(max(utilisation, 0.0), 1.2))
+    return min(config.max_factor, max(config.min_factor, factor * (1.0 + step)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +176,13 @@ class FleetState:
 
 @dataclass(frozen=True, slots=True)
 class SteadyState:
-    """Per-slot figures of a curve, integrated once: steady-state rate per quantity, mean gap."""
+    """Per-slot figures of a curve, integrated once: steady-state rate per quantity, mean gap,
+    one task's total demand per quantity, and the tail age (survival down to ``TAIL_SURVIVAL``)."""
 
     slot_rates: MappingProxyType[str, float]
     mean_gap_s: float
+    task_totals: MappingProxyType[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    tail_age_s: float = 0.0
 
 
 def _token_rate(curve: Curve, age: FloatArray, counting: Counting) -> FloatArray:
@@ -172,9 +210,17 @@ def steady_state(curve: Curve, counting: Counting, boot_s: float, max_age_s: flo
     life = float(np.trapezoid(surv, age))
     rates = _rates(curve, age, counting)
     slot = {q.value: float(np.trapezoid(r * surv, age)) / (boot_s + life) for q, r in rates.items()}
-    calls = float(np.trapezoid(rates[Quantity.CALLS] * surv, age))
+    totals = {q.value: float(np.trapezoid(r * surv, age)) for q, r in rates.items()}
+    calls = totals[Quantity.CALLS.value]
     gap = life / calls if calls > 0 else math.inf
-    return SteadyState(slot_rates=MappingProxyType(slot), mean_gap_s=gap)
+    below = np.nonzero(surv <= TAIL_SURVIVAL)[0]
+    tail = float(age[below[0]]) if below.size else max_age_s
+    return SteadyState(
+        slot_rates=MappingProxyType(slot),
+        mean_gap_s=gap,
+        task_totals=MappingProxyType(totals),
+        tail_age_s=tail,
+    )
 
 
 def _bin_ages(ages: FloatArray, bin_s: float) -> tuple[FloatArray, FloatArray]:
@@ -246,6 +292,7 @@ _BOUND_BINDING = {
     Quantity.INFLIGHT_TOKENS: Binding.INFLIGHT_BUDGET,
 }
 _BIG = 10**9
+TAIL_SURVIVAL = 0.02
 
 
 def _size(
@@ -262,7 +309,16 @@ def _size(
         k = math.ceil(need - 1e-9) - booting
         if k < k_sat:
             k_sat, saturating = k, q
-    k, binding = k_sat, Binding.PACED
+    k, binding = _bound(proj, budgets, booting, k_sat, o_max)
+    return k, binding, saturating
+
+
+def _bound(
+    proj: Projection, budgets: BudgetLike, booting: int, k: int, o_max: float
+) -> tuple[int, Binding]:
+    """``k`` lowered so that no quantity's projected peak exceeds ``o_max x budget`` (in-flight
+    tokens: its budget); the binding names the budget that lowered it (else ``paced``)."""
+    binding = Binding.PACED
     for q in Quantity:
         budget = _budget_of(budgets, q)
         if budget is None:
@@ -276,7 +332,7 @@ def _size(
         k_max = math.floor(float(room.min()) + 1e-9) - booting
         if k_max < k:
             k, binding = k_max, _BOUND_BINDING[q]
-    return k, binding, saturating
+    return k, binding
 
 
 def decide(
@@ -298,6 +354,8 @@ def decide(
     live = running + fleet.booting
     o_max = 1.0 + (config.max_wait_s / steady.mean_gap_s if steady.mean_gap_s > 0 else 0.0)
     o_max = max(o_max, config.overdrive)
+    o_end = 1.0 + (config.endgame_max_wait_s / steady.mean_gap_s if steady.mean_gap_s > 0 else 0.0)
+    o_end = max(o_end, o_max)
 
     ages = fleet.ages * fleet.progress if fleet.progress != 1.0 else fleet.ages
     proj = project(curve, ages, counting, config, steady, refill=1.0)
@@ -311,6 +369,13 @@ def decide(
         proj = project(curve, ages, counting, config, steady, refill=refill)
         k, binding, saturating = _size(proj, budgets, fleet.booting, config, o_max)
 
+    if _endgame(fleet.queued, budgets, steady, saturating):
+        # What is left fits in about one long task's life at the budget: work launched later
+        # only lengthens the tail (the limit idles while the last tasks finish alone), so
+        # launch it now, as far as the pacer may hold calls longer (``endgame_max_wait_s``).
+        k_end, b_end = _bound(proj, budgets, fleet.booting, fleet.queued, o_end)
+        if k_end > k:
+            k, binding = k_end, b_end
     k = min(k, fleet.queued)
     target = max(live + k, 0)
     ceiling = target
@@ -352,6 +417,20 @@ def decide(
         budgets=MappingProxyType(budget_view),
         stale=fleet.stale,
     )
+
+
+def _endgame(
+    queued: int, budgets: BudgetLike, steady: SteadyState, saturating: Quantity | None
+) -> bool:
+    """True when the queued tasks' total demand of the saturating quantity takes at most the
+    curve's tail age to serve at its budget."""
+    if saturating is None or queued <= 0:
+        return False
+    budget = _budget_of(budgets, saturating)
+    per_task = steady.task_totals.get(saturating.value, 0.0)
+    if budget is None or budget <= 0 or per_task <= 0:
+        return False
+    return queued * per_task / budget <= steady.tail_age_s
 
 
 _OPERATOR_CAPS = (Binding.RUN_CAP, Binding.CEILING_OVERRIDE)

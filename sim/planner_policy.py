@@ -16,8 +16,10 @@ provider's limit classes (which exist, not their values), headers and 429s.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from planner.budgets import (
+    BudgetClass,
     Budgets,
     ControllerConfig,
     TokenClass,
@@ -27,15 +29,17 @@ from planner.budgets import (
 )
 from planner.classify import Classification, LimitType
 from planner.curves import HarnessCurve, default_curve
-from planner.decision import Decision
+from planner.decision import Binding, Decision, Quantity
 from planner.fit import fit_curve
 from planner.pacer import CallEstimate, CallUsage, PacerCore
 from planner.sizing import (
     Caps,
     Counting,
     FleetState,
+    OverdriveConfig,
     SizingConfig,
     decide,
+    hold_overdrive,
     steady_state,
 )
 from sim.engine import FleetView, Gate
@@ -43,6 +47,12 @@ from sim.scenario import Scenario
 from sim.traces import TRACE_HARNESS
 from sim.workload import Workload, build_workload
 
+_BUDGET_CLASS = {
+    Quantity.CALLS: BudgetClass.REQUESTS,
+    Quantity.TOKENS: BudgetClass.TOKENS,
+    Quantity.OUTPUT_TOKENS: BudgetClass.OUTPUT_TOKENS,
+    Quantity.INFLIGHT_TOKENS: BudgetClass.INFLIGHT,
+}
 HeadersNow = Callable[[float], Classification | None]
 FIT_SAMPLE_INSTANCES = 400
 
@@ -180,6 +190,8 @@ class PlannerPolicy:
         self._throttles: list[tuple[LimitType, float | None]] = []
         self._answered = 0
         self.decisions: list[Decision] = []
+        self.overdrive = OverdriveConfig()
+        self.overdrive_factor = 1.0
 
     def on_response(self, now: float, call: int, classification: Classification | None) -> None:
         if classification is None:
@@ -206,6 +218,22 @@ class PlannerPolicy:
         weight = min(1.0, self.sizing.step_s / max(self.curve.mean_duration_s(), 1.0))
         self.progress = min(1.0, max(0.05, self.progress + weight * (window - self.progress)))
 
+    def _hold_overdrive(self, now: float) -> None:
+        """Feed the saturation controller the last window's use of the saturating budget."""
+        usage = self.pacer.take_usage(now)
+        last = self.decisions[-1] if self.decisions else None
+        if (
+            last is None
+            or last.binding is not Binding.PACED
+            or last.saturating is None
+            or self.state.in_cooldown(now)
+            or last.now < self.sizing.horizon_s
+        ):
+            return
+        util = usage.utilisation.get(_BUDGET_CLASS[last.saturating])
+        if util is not None:
+            self.overdrive_factor = hold_overdrive(self.overdrive_factor, util, self.overdrive)
+
     def tick(self, fleet: FleetView) -> int:
         now = fleet.now
         observed = None
@@ -217,6 +245,7 @@ class PlannerPolicy:
         self._answered = 0
         self.state, actions = step(self.state, obs, self.controller)
         self._update_progress()
+        self._hold_overdrive(now)
         self.pacer.set_budgets(self.state.budgets, now)
         decision = decide(
             FleetState(
@@ -233,7 +262,7 @@ class PlannerPolicy:
             self.state.budgets,
             self.counting,
             self.caps,
-            self.sizing,
+            replace(self.sizing, overdrive=self.sizing.overdrive * self.overdrive_factor),
             self.steady,
         )
         self.decisions.append(decision)

@@ -16,8 +16,10 @@ from planner.sizing import (
     Caps,
     Counting,
     FleetState,
+    OverdriveConfig,
     SizingConfig,
     decide,
+    hold_overdrive,
     project,
     steady_state,
 )
@@ -267,3 +269,41 @@ def test_planner_package_imports_no_io_no_clock_no_environment() -> None:
                 and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "self")
             ):
                 raise AssertionError(f"{path.name} reads the clock ({ast.unparse(node)})")
+
+
+def test_endgame_launches_the_short_queue_at_once_within_the_longer_wait() -> None:
+    curve = flat_curve()
+    budgets = B(tokens_per_s=10_000.0)
+    steady = steady_state(curve, Counting(), CFG.boot_s, CFG.integration_age_s)
+    # what is queued would take longer than the curve's tail to serve: size as usual
+    normal = decide(fleet([], queued=1000), curve, budgets, Counting(), Caps(), CFG, steady)
+    # 300 tasks x 30,000 tokens at 10,000/s = 900 s < tail age (~1170 s): endgame
+    assert 300 * steady.task_totals["tokens_per_s"] / 10_000.0 < steady.tail_age_s
+    end = decide(fleet([], queued=300), curve, budgets, Counting(), Caps(), CFG, steady)
+    assert normal.launches_allowed < 150 < end.launches_allowed <= 300
+    # bounded by the pacer wait allowed in the endgame: peak demand <= (1 + wait/gap) x budget
+    o_end = 1.0 + CFG.endgame_max_wait_s / steady.mean_gap_s
+    assert end.launches_allowed * 100.0 <= o_end * 10_000.0 * 1.001
+    tight = SizingConfig(boot_s=30.0, endgame_max_wait_s=CFG.max_wait_s)
+    capped = decide(fleet([], queued=300), curve, budgets, Counting(), Caps(), tight)
+    assert capped.launches_allowed < end.launches_allowed
+
+
+def test_overdrive_controller_closes_the_utilisation_gap_and_stays_bounded() -> None:
+    cfg = OverdriveConfig()
+    factor = 1.0
+    for _ in range(10):  # the fleet draws 85% of the budget: the multiplier grows
+        factor = hold_overdrive(factor, 0.85, cfg)
+    assert 1.3 < factor <= cfg.max_factor
+    grown = factor
+    for _ in range(5):  # a fully used budget: it eases back, never below min_factor
+        factor = hold_overdrive(factor, 1.0, cfg)
+    assert cfg.min_factor <= factor < grown
+    for _ in range(200):
+        factor = hold_overdrive(factor, 0.0, cfg)
+    assert factor == cfg.max_factor
+    for _ in range(500):
+        factor = hold_overdrive(factor, 1.2, cfg)
+    assert factor == cfg.min_factor
+    with pytest.raises(ValueError):
+        OverdriveConfig(max_factor=0.9)
