@@ -24,8 +24,12 @@ left out for the same reason (their calls at some ages would be missing). ``FitW
 says how many of each were left out. A call without ``task_age_s`` gets ``requested_at`` minus
 its instance's ``started_at`` (the claim time: boot included, so a slight over-estimate).
 
-Writing (``write_curve``): a new version per harness (1, 2, ...; the unique (harness, version)
-constraint settles a race, the loser retries), with the sample count and fit quality.
+Writing (``write_curve``): a new version per harness (1, 2, ...), with the sample count and fit
+quality. Concurrent writers are serialised per harness, so ``max(version) + 1`` is computed by one
+writer at a time: on PostgreSQL by a transaction-scoped advisory lock on the harness (READ
+COMMITTED alone lets every writer read the same maximum, and with N writers the last one would
+lose N-1 unique-constraint races in a row), on SQLite by ``BEGIN IMMEDIATE``'s writer lock. The
+unique (harness, version) constraint stays the backstop; a writer that still meets it retries.
 Reading: ``latest_curve`` (newest version, else the shipped default as version 0),
 ``list_versions``, and ``CurveCache`` for the planner loop: one ``max(version)`` query per tick,
 the params parsed again only when a newer version has landed.
@@ -41,13 +45,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Engine, and_, func, insert, or_, select
+from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from evalfleet.errors import ConfigError, NotFound
 from ledger.clock import as_utc
-from ledger.db import readonly, write_transaction
+from ledger.db import is_postgresql, readonly, write_transaction
 from ledger.models import HarnessCurve as HarnessCurveRow
 from ledger.models import InstanceResult, LlmCall, Run
 from planner.curves import HarnessCurve, default_curve
@@ -61,6 +65,9 @@ ATTEMPT_GAP_S = 5.0
 MAX_HARNESS_LEN = 64
 MAX_SOURCE_LEN = 256
 _WRITE_ATTEMPTS = 5
+#: First key of the advisory locks serialising curve writers (the second is the harness's hash):
+#: a namespace of its own, so no other advisory lock of the ledger can collide with it.
+CURVE_LOCK_CLASS = 0x6376  # "cv"
 
 
 @dataclass(frozen=True)
@@ -339,7 +346,7 @@ def write_curve(
 
     ``fit_quality`` must be JSON-able (figures of the fit and its check); ``source`` says where
     the calls came from (e.g. ``ledger window 2026-...``). Concurrent writers get distinct
-    versions (the unique constraint refuses a duplicate; the loser retries).
+    versions: writers of one harness take turns (see the module docstring).
     """
     _check_harness(curve.harness)
     problems = []
@@ -353,6 +360,7 @@ def write_curve(
     for attempt in range(_WRITE_ATTEMPTS):
         try:
             with write_transaction(engine) as conn:
+                _lock_harness(conn, curve.harness)
                 current = conn.execute(
                     select(func.max(HarnessCurveRow.version)).where(
                         HarnessCurveRow.harness == curve.harness
@@ -374,6 +382,16 @@ def write_curve(
             if attempt == _WRITE_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _lock_harness(conn: Connection, harness: str) -> None:
+    """Serialise the curve writers of ``harness`` until the transaction ends (PostgreSQL; on
+    SQLite the transaction already holds the database's single writer lock)."""
+    if is_postgresql(conn):
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(:lock_class, hashtext(:harness))"),
+            {"lock_class": CURVE_LOCK_CLASS, "harness": harness},
+        )
 
 
 def _stored(row: HarnessCurveRow) -> StoredCurve:

@@ -230,25 +230,33 @@ def test_versions_increment_per_harness_and_latest_wins(engine: Engine) -> None:
 
 
 def test_concurrent_writers_get_distinct_versions(engine: Engine) -> None:
+    """Twelve writers released together: each gets its own version, none fails. (More writers
+    than ``write_curve``'s retries: a writer that relied on losing unique-constraint races and
+    retrying could lose every round.)"""
     curve = _toy_curve("toy")
+    writers = 12
+    start = threading.Barrier(writers)
     versions: list[int] = []
     errors: list[BaseException] = []
 
     def writer() -> None:
         try:
+            start.wait(timeout=30)
             versions.append(
                 write_curve(engine, curve, sample_count=1, fit_quality={}, source="race")
             )
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer) for _ in range(6)]
+    threads = [threading.Thread(target=writer) for _ in range(writers)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a writer hung"
     assert not errors
-    assert sorted(versions) == [1, 2, 3, 4, 5, 6]
+    assert sorted(versions) == list(range(1, writers + 1))
+    assert [v.version for v in list_versions(engine, "toy")] == list(range(1, writers + 1))
 
 
 def test_planner_cache_serves_a_new_version_at_the_next_tick(engine: Engine) -> None:
