@@ -411,3 +411,13 @@ def test_pacer_waits_lower_the_fleets_progress_and_it_persists(plan_ledger: Engi
     add_calls(plan_ledger, 20, pacer_wait_s=0.0)  # calls that did not wait pull it back up
     plan.plan_tick(T0 + timedelta(seconds=60), False)
     assert stored(plan_ledger).progress > second
+
+
+def test_an_overload_backs_off_launches_and_cuts_no_budget(plan_ledger: Engine) -> None:
+    add_run(plan_ledger, running=2, queued=30)
+    first = plan.plan_tick(T0, False)[ALIAS]
+    add_calls(plan_ledger, 3, status=529, limit_type="overload")
+    d = plan.plan_tick(T0 + timedelta(seconds=15), False)[ALIAS]
+    assert (d.binding.value, d.launches_allowed) == ("cooldown", 0)
+    assert dict(d.budgets) == dict(first.budgets)
+    assert stored(plan_ledger).state.backoff_until > (T0 + timedelta(seconds=15)).timestamp()
