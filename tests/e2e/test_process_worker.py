@@ -226,7 +226,7 @@ def _gaps(times: list[Any]) -> list[float]:
 
 @pytest.mark.timeout(720)  # ~2 min on a quiet box; minutes more when the CPUs are shared
 def test_a_20_instance_run_on_a_process_worker_survives_a_kill_9(
-    e2e_env, worker, monkeypatch
+    e2e_env, worker, redis_url, monkeypatch
 ) -> None:
     for key, value in {
         "EVALFLEET_LAUNCHER": "work-pool",
@@ -235,6 +235,7 @@ def test_a_20_instance_run_on_a_process_worker_survives_a_kill_9(
         "EVALFLEET_STATIC_CAP": "6",
         "EVALFLEET_DISPATCH_TICK_S": "0.5",
         "EVALFLEET_PROJECT_DIR": str(ROOT),
+        "EVALFLEET_VALKEY_URL": redis_url,
     }.items():
         monkeypatch.setenv(key, value)
     for var in ("EVALFLEET_PLANNER_TICK_S", "EVALFLEET_SUPERVISOR_TICK_S"):
@@ -348,6 +349,23 @@ def test_a_20_instance_run_on_a_process_worker_survives_a_kill_9(
         for r in rows.values():  # each landing row belongs to a completed flow run
             state = client.read_flow_run(uuid.UUID(r.flow_run_id)).state
             assert state is not None and state.is_completed(), (r.instance_id, state)
+
+    # progress: the Valkey hash and the Prefect progress artifact say what the ledger says
+    from tasks import progress
+
+    final = progress.from_ledger(run_id)
+    assert final.terminal == N and final.state == "closed"
+    assert progress.read(run_id) == final
+    with get_client(sync_client=True) as client:
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+        [artifact] = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[progress.artifact_key(run_id)])
+            ),
+            limit=5,
+        )
+    assert float(artifact.data) == 100.0 and f"{N}/{N} done" in (artifact.description or "")
 
     print("planner gaps", _gaps(decisions), "snapshot gaps", _gaps(snapshots))
     # cadence at the default ticks: decisions every 15 s, snapshots every 30 s (± 3 s)
