@@ -6,7 +6,7 @@ part of a tick in one call (tests, embedded callers).
 One tick, per alias with claimable runs (the clock is read by the flow and passed in):
 
 1. ``read_fleet`` — the running tasks' ages (booting ones counted apart, as age-0 candidates),
-   queued jobs, the harness of most of the alias's work, pauses (the harness pool's ledger flag
+   queued jobs, the harnesses of the alias's work, pauses (the harness pool's ledger flag
    or the Prefect work pool's pause, every run paused), caps: the static cap, the runs' task
    caps, the runs' ceiling overrides and the alias's own override (``alias_controls``).
 2. ``advance_budgets`` (``tasks/plan_budgets.py``) — the controller (``planner.budgets``): its
@@ -15,10 +15,11 @@ One tick, per alias with claimable runs (the clock is read by the flow and passe
    stepped with what the gateway recorded since the previous tick (429s by limit type,
    overloads, spend errors, utilisation, headers observed since the last tick), and saved.
 3. ``pause_for_spend`` — a spend or billing error pauses the runs it hit (ledger flag + audit).
-4. ``decide_all`` — ``planner.sizing.decide`` with the harness's newest curve
+4. ``decide_all`` — ``planner.sizing.decide`` with the newest curve of the alias's harness
    (``ledger.curves.CurveCache``: a version written between two ticks is used at the next; a
-   harness with no curve of its own uses the default harness's), the controller's budgets,
-   its cooldown and stale flags.
+   harness with no curve of its own uses the default harness's) or, when runs of several
+   harnesses share the alias, their mix weighted by live + queued tasks (``MixedCurve``), the
+   controller's budgets, its cooldown and stale flags and the fleet's progress.
 5. ``record_decisions`` — one ``planner_decisions`` row per alias.
 6. ``push_pacer_limits`` — the budgets to the alias's Prefect global concurrency limits
    (``gateway.pacer_prefect.push_budgets``), which the gateway's Prefect pacer follows.
@@ -46,14 +47,16 @@ from ledger.controls import alias_ceiling_overrides
 from ledger.models import InstanceResult, Job, PauseFlag, PlannerDecision, Run
 from ledger.pauses import set_pause
 from planner.budgets import Budgets
+from planner.curves import HarnessCurve
 from planner.decision import Decision
-from planner.sizing import Caps, Counting, FleetState, SizingConfig, decide
+from planner.sizing import Caps, Counting, Curve, FleetState, FloatArray, SizingConfig, decide
 from tasks.ledger_io import engine
 from tasks.plan_budgets import BudgetStep, advance_budgets, aliases, curve_cache, curve_for
 
 __all__ = [
     "AliasFleet",
     "BudgetStep",
+    "MixedCurve",
     "advance_budgets",
     "aliases",
     "curve_cache",
@@ -80,13 +83,14 @@ class AliasFleet:
     """What the planner sees of one alias's fleet at a tick."""
 
     alias: str
-    harness: str
+    harness: str  # the harness of most of the alias's work
     run_ids: tuple[str, ...]
     ages: NDArray[np.float64]
     booting: int
     queued: int
     paused: bool
     caps: Caps
+    work: tuple[tuple[str, int], ...] = ()  # (harness, live + queued tasks) on the alias
 
 
 def prefect_pool_paused(pool: str) -> bool:
@@ -161,6 +165,7 @@ def read_fleet(now: datetime, prefect_paused: bool) -> list[AliasFleet]:
             AliasFleet(
                 alias=alias,
                 harness=harness,
+                work=tuple(sorted(work.items())),
                 run_ids=tuple(sorted(ids)),
                 ages=ages,
                 booting=booting,
@@ -244,9 +249,51 @@ def decide_all(
             cached_input_counts=s.state.cached_input_counts,
             combined=s.state.token_class == "combined",
         )
-        curve = curve_for(fleet.harness).curve
+        curve = _fleet_curve(fleet)
         decisions[fleet.alias] = decide(state, curve, s.state.budgets, counting, fleet.caps, sizing)
     return decisions
+
+
+class MixedCurve:
+    """The usage curve of a fleet mixing harnesses, weighted by their share of its tasks: at
+    age a, survival is the weighted mean of the parts' survivals and each rate is the
+    survival-weighted mean of theirs (so a harness whose tasks end early stops counting)."""
+
+    def __init__(self, parts: list[tuple[float, HarnessCurve]]) -> None:
+        total = sum(w for w, _ in parts)
+        self._parts = [(w / total, c) for w, c in parts if w > 0]
+
+    def survival(self, age: FloatArray) -> FloatArray:
+        return np.asarray(sum(w * np.clip(c.survival(age), 0.0, 1.0) for w, c in self._parts))
+
+    def _rate(self, name: str, age: FloatArray) -> FloatArray:
+        num = sum(
+            w * np.clip(c.survival(age), 0.0, 1.0) * getattr(c, name)(age) for w, c in self._parts
+        )
+        return np.asarray(num / np.maximum(self.survival(age), 1e-12))
+
+    def calls_per_s(self, age: FloatArray) -> FloatArray:
+        return self._rate("calls_per_s", age)
+
+    def cached_input_tokens_per_s(self, age: FloatArray) -> FloatArray:
+        return self._rate("cached_input_tokens_per_s", age)
+
+    def uncached_input_tokens_per_s(self, age: FloatArray) -> FloatArray:
+        return self._rate("uncached_input_tokens_per_s", age)
+
+    def output_tokens_per_s(self, age: FloatArray) -> FloatArray:
+        return self._rate("output_tokens_per_s", age)
+
+    def inflight_tokens(self, age: FloatArray) -> FloatArray:
+        return self._rate("inflight_tokens", age)
+
+
+def _fleet_curve(fleet: AliasFleet) -> Curve:
+    """The newest curve of the fleet's harness, or the mix of its harnesses' curves."""
+    weighted = [(float(n), h) for h, n in fleet.work if n > 0]
+    if len(weighted) <= 1:
+        return curve_for(fleet.harness).curve
+    return MixedCurve([(w, curve_for(h).curve) for w, h in weighted])
 
 
 def record_decisions(now: datetime, decisions: dict[str, Decision]) -> None:

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import psycopg
 import pytest
 from sqlalchemy import Engine, func, insert, select
@@ -21,7 +22,15 @@ from ledger import pacer_state
 from ledger.controls import control_session, set_ceiling_override
 from ledger.db import make_engine
 from ledger.migrate import upgrade
-from ledger.models import AliasObservation, AuditLog, InstanceResult, Job, LlmCall, PauseFlag, Run
+from ledger.models import (
+    AliasObservation,
+    AuditLog,
+    InstanceResult,
+    Job,
+    LlmCall,
+    PauseFlag,
+    Run,
+)
 from ledger.pacer_controls import set_pacer
 from ledger.pauses import set_pause
 from planner.budgets import BudgetClass, Budgets, initial_state
@@ -421,3 +430,47 @@ def test_an_overload_backs_off_launches_and_cuts_no_budget(plan_ledger: Engine) 
     assert (d.binding.value, d.launches_allowed) == ("cooldown", 0)
     assert dict(d.budgets) == dict(first.budgets)
     assert stored(plan_ledger).state.backoff_until > (T0 + timedelta(seconds=15)).timestamp()
+
+
+def test_a_mixed_curve_weights_its_harnesses_by_share() -> None:
+    from planner.curves import HarnessCurve, default_curve
+
+    base = default_curve()
+    params = base.to_params()
+    params["harness"] = "heavy"
+    for key in ("cached_input_tokens_per_s", "uncached_input_tokens_per_s"):
+        params["rates"][key] = [3 * v for v in params["rates"][key]]
+    heavy = HarnessCurve.from_params(params)
+    age = np.array([0.0, 60.0, 240.0])
+    same = plan.MixedCurve([(1.0, base), (3.0, base)])
+    np.testing.assert_allclose(same.calls_per_s(age), base.calls_per_s(age))
+    np.testing.assert_allclose(same.survival(age), base.survival(age))
+    mix = plan.MixedCurve([(1.0, base), (1.0, heavy)])
+    np.testing.assert_allclose(
+        mix.uncached_input_tokens_per_s(age), 2 * base.uncached_input_tokens_per_s(age)
+    )
+
+
+def test_an_alias_shared_by_two_harnesses_is_sized_on_their_mix(plan_ledger: Engine) -> None:
+    from ledger.curves import write_curve
+    from planner.curves import HarnessCurve, default_curve
+
+    params = default_curve().to_params()
+    params["harness"] = "heavy"
+    for key in ("cached_input_tokens_per_s", "uncached_input_tokens_per_s"):
+        params["rates"][key] = [3 * v for v in params["rates"][key]]
+    write_curve(
+        plan_ledger, HarnessCurve.from_params(params), sample_count=1, fit_quality={}, source="t"
+    )
+    add_run(plan_ledger, running=2, queued=20)  # harness "simulated": the default curve
+    run_id = add_run(plan_ledger, running=2, queued=20)
+    light = plan.plan_tick(T0, False)[ALIAS]
+    with plan_ledger.begin() as conn:
+        conn.execute(Run.__table__.update().where(Run.id == run_id).values(harness="heavy"))
+    fleet = plan.read_fleet(T0, False)[0]
+    assert dict(fleet.work) == {"heavy": 22, "simulated": 22}
+    assert isinstance(plan._fleet_curve(fleet), plan.MixedCurve)
+    mixed = plan.plan_tick(T0, False)[ALIAS]
+    # half the fleet asks for 3x the input tokens: the same budget holds fewer tasks
+    assert light.binding.value == mixed.binding.value == "paced"
+    assert mixed.target < light.target
