@@ -47,6 +47,9 @@ def test_bench_dispatch_measures_on_a_given_server_and_removes_what_it_made(
     assert figures["planner_live_tasks"] == 1000
     assert 0 < figures["planner_tick_ms_median"] <= figures["planner_tick_ms_max"]
     assert figures["prefect_server"] == "given"
+    # CPU per job is measured here; a given server's CPU is not visible to the bench
+    assert figures["bench_cpu_ms_per_job"] > 0
+    assert figures["server_cpu_ms_per_job"] is None and figures["cpu_bound_per_s"] is None
     with get_client(sync_client=True) as client:
         pools = [p.name for p in client.read_work_pools()]
         left = client.read_deployments(

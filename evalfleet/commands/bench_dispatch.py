@@ -7,7 +7,10 @@ launcher, which creates one flow run of a run-instance deployment (on a process 
 the bench) per job — the call ``run_deployment(timeout=0)`` makes, batched on one client
 (``WorkPoolLauncher.launch_many``). For comparison it also times 20 jobs launched one at a time
 through ``run_deployment(timeout=0)`` itself. No worker is needed: a job counts once its flow
-run exists (and the bench checks the server holds exactly that many). The floor is
+run exists (and the bench checks the server holds exactly that many). On a shared machine the
+wall-clock rate follows the load, so it also reports the CPU each admitted job costs this
+process and the Prefect server it started (its process group, from ``/proc``), and the rate
+those costs allow with a free core each. The floor is
 20/s, Fargate's sustained task-launch rate: launching faster than ECS can start tasks is moot.
 
 Planner tick: the same ledger is topped up to 1,000 live tasks on one alias (about 80% running
@@ -64,6 +67,11 @@ class DispatchBench:
     run_deployment_jobs: int
     floor_per_s: float
     meets_floor: bool
+    # CPU per admitted job (load-independent): this process (claims + client) and the Prefect
+    # server's process group (None for a given server); the rate each on its own core could reach
+    bench_cpu_ms_per_job: float
+    server_cpu_ms_per_job: float | None
+    cpu_bound_per_s: float | None
     planner_live_tasks: int
     planner_tick_ms_median: float
     planner_tick_ms_max: float
@@ -108,9 +116,23 @@ def temporary_database(server: str, prefix: str) -> Iterator[URL]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of process group ``pgid``."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        if int(fields[2]) == pgid:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def prefect_server(database: URL) -> Iterator[str]:
-    """``prefect server start`` on ``database`` (a free loopback port); stopped on exit."""
+def prefect_server(database: URL) -> Iterator[tuple[str, int]]:
+    """``prefect server start`` on ``database`` (a free loopback port); yields (API URL, its
+    process group id); stopped on exit."""
     import httpx
 
     from evalfleet.settings import child_environment
@@ -150,7 +172,7 @@ def prefect_server(database: URL) -> Iterator[str]:
                 tail = log_path.read_text(errors="replace")[-1500:]
                 raise BenchError(f"the Prefect server did not start; its log ends:\n{tail}")
             time.sleep(0.5)
-        yield url
+        yield url, proc.pid
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -336,10 +358,13 @@ def run_bench(
             hide_password=False
         )
         upgrade(ledger_url)
-        with _prefect(pg_url, prefect_api_url) as (api_url, origin):
+        with _prefect(pg_url, prefect_api_url) as (api_url, origin, pgid):
             _use(api_url, ledger_url, jobs)
             with bench_deployment(uuid.uuid4().hex[:8]) as (deployment, deployment_id):
+                cpu_before = (time.process_time(), group_cpu_s(pgid) if pgid else 0.0)
                 seconds, started = measure_admission(jobs, deployment, timeout_s)
+                bench_cpu = (time.process_time() - cpu_before[0]) / jobs
+                server_cpu = (group_cpu_s(pgid) - cpu_before[1]) / jobs if pgid else None
                 single = measure_run_deployment(SINGLE_JOBS, deployment)
                 created = count_flow_runs(deployment_id)
                 if started != jobs or created != jobs + SINGLE_JOBS:
@@ -353,6 +378,7 @@ def run_bench(
 
             ledger_io.engine().dispose()
     rate = jobs / seconds
+    busiest = max(bench_cpu, server_cpu) if server_cpu is not None else None
     return DispatchBench(
         jobs=jobs,
         admitted_per_s=round(rate, 1),
@@ -362,6 +388,9 @@ def run_bench(
         run_deployment_jobs=SINGLE_JOBS,
         floor_per_s=FLOOR_PER_S,
         meets_floor=rate >= FLOOR_PER_S,
+        bench_cpu_ms_per_job=round(bench_cpu * 1000, 2),
+        server_cpu_ms_per_job=round(server_cpu * 1000, 2) if server_cpu is not None else None,
+        cpu_bound_per_s=round(1 / busiest, 1) if busiest else None,
         planner_live_tasks=PLANNER_LIVE,
         planner_tick_ms_median=round(statistics.median(tick_s) * 1000, 1),
         planner_tick_ms_max=round(max(tick_s) * 1000, 1),
@@ -372,15 +401,15 @@ def run_bench(
 
 
 @contextmanager
-def _prefect(pg_url: str, given: str | None) -> Iterator[tuple[str, str]]:
+def _prefect(pg_url: str, given: str | None) -> Iterator[tuple[str, str, int | None]]:
     if given is not None:
-        yield given, "given"
+        yield given, "given", None
         return
     with (
         temporary_database(pg_url, "evalfleet_bench_prefect") as database,
-        prefect_server(database) as url,
+        prefect_server(database) as (url, pgid),
     ):
-        yield url, "started (PostgreSQL)"
+        yield url, "started (PostgreSQL)", pgid
 
 
 @click.command(name="dispatch")
@@ -434,6 +463,12 @@ def bench_dispatch(
         f"one at a time through run_deployment: {result.run_deployment_per_s:,.1f} jobs/s; "
         f"Prefect server: {result.prefect_server}"
     )
+    if result.server_cpu_ms_per_job is not None:
+        click.echo(
+            f"CPU per job: {result.bench_cpu_ms_per_job:.1f} ms here (claims + client), "
+            f"{result.server_cpu_ms_per_job:.1f} ms in the Prefect server: "
+            f"~{result.cpu_bound_per_s:,.0f} jobs/s with a free core each"
+        )
     click.echo(
         f"planner tick with {result.planner_live_tasks:,} live tasks: median "
         f"{result.planner_tick_ms_median:,.1f} ms, max {result.planner_tick_ms_max:,.1f} ms "
