@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from analysis.refit import observed_by_age, parse_when, plot_refit, refit, write_refit
-from analysis.simfill import SimulatedRun
+from analysis.simfill import DEMO_SCENARIO, SimulatedRun, simulate
 from analysis.timeline import (
     TIME_LABEL,
     load_timeline,
@@ -30,10 +30,15 @@ from evalfleet.errors import ConfigError, NotFound
 from ledger.curves import latest_curve, load_fit_window
 from ledger.models import AuditLog, InstanceResult, LlmCall, PlannerDecision
 from planner.curves import default_curve
+from planner.decision import Binding
 from planner.fit import check_curve
+from sim.scenario import parse_scenario
 from tests.analysis_fixtures import START, sim_engine, sim_ledger, sim_run  # noqa: F401
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+#: The limit types an OpenAI-style 429 can name (requests per minute, tokens per minute
+#: whatever the token class): those of the demo's provider.
+DEMO_LIMIT_TYPES = {"requests", "tokens"}
 
 
 # ----------------------------------------------------------------------------- simfill
@@ -44,9 +49,12 @@ def test_simulated_run_records_are_consistent(sim_run: SimulatedRun) -> None:  #
     assert inst.shape[0] == sim_run.scenario.instances
     ok = calls[calls["status"] == 200]
     assert (calls["status"].isin([200, 429])).all()
-    # The demo's provider hides its output-token limit: the planner meets typed 429s.
-    assert set(calls.loc[calls["status"] == 429, "limit_type"]) == {"output_tokens"}
-    assert (calls.loc[calls["status"] == 429, ["input_tokens", "output_tokens"]] == 0).all().all()
+    # Every 429 is typed with a limit an OpenAI-style provider names; which one the planner
+    # meets depends on its tuning. A 429 carries no tokens; an answered call no limit type.
+    throttled = calls["status"] == 429
+    assert set(calls.loc[throttled, "limit_type"]) <= DEMO_LIMIT_TYPES
+    assert calls.loc[~throttled, "limit_type"].isna().all()
+    assert (calls.loc[throttled, ["input_tokens", "output_tokens"]] == 0).all().all()
     sums = ok.groupby("instance")[["input_tokens", "output_tokens", "cost_micro_usd"]].sum()
     np.testing.assert_array_equal(sums["input_tokens"], inst["input_tokens"])
     np.testing.assert_array_equal(sums["cost_micro_usd"], inst["cost_micro_usd"])
@@ -57,10 +65,37 @@ def test_simulated_run_records_are_consistent(sim_run: SimulatedRun) -> None:  #
     assert (inst["ended_s"] > inst["started_s"]).all()
     assert inst["ended_s"].max() == pytest.approx(sim_run.makespan_s)
     assert (calls["pacer_wait_s"] >= -1e-9).all()
-    assert {t["decision"]["binding"] for t in sim_run.ticks.to_dict("records")} >= {
-        "paced",
-        "cooldown",
+    # Every tick recorded the planner's decision, naming one of the planner's constraints; only
+    # a 429 freezes launches (cooldown).
+    bindings = {t["decision"]["binding"] for t in sim_run.ticks.to_dict("records")}
+    assert bindings <= {b.value for b in Binding}
+    assert "cooldown" not in bindings or throttled.any()
+
+
+def test_a_hidden_output_limit_is_recorded_as_typed_429s() -> None:
+    """Which limit a run meets is forced here, independent of the planner's tuning: a fixed
+    fleet (a policy that ignores headers) against an Anthropic-style provider whose only
+    binding limit is output tokens. Every 429 is recorded as the ``output_tokens`` the gateway
+    classifies, with no tokens, and is retried: every instance still gets its calls answered."""
+    data = {
+        **DEMO_SCENARIO,
+        "instances": 12,
+        "provider": {
+            "rpm": 1_000_000,
+            "input_tpm": 1_000_000_000,
+            "output_tpm": 6_000,
+            "headers": "anthropic",
+        },
     }
+    run = simulate(parse_scenario(data, "output-only scenario"), policy="fixed:12")
+    calls = run.calls
+    throttled = calls["status"] == 429
+    assert throttled.sum() > 0
+    assert set(calls.loc[throttled, "limit_type"]) == {"output_tokens"}
+    assert (calls.loc[throttled, ["input_tokens", "output_tokens"]] == 0).all().all()
+    answered = calls[~throttled].groupby("instance").size()
+    assert answered.to_numpy().tolist() == run.instances["calls"].to_numpy().tolist()
+    assert run.instances["calls"].min() > 0
 
 
 def test_simulated_run_lands_in_every_table(
@@ -146,8 +181,13 @@ def test_refit_of_a_paced_run_recovers_the_unthrottled_demand(
         check = check_curve(default_curve(), window_calls, window_inst, n_bins=4)
         return check.loc[check.quantity == "input_tokens_per_s", "rel_error"]
 
-    assert errors(own.calls, own.instances).abs().max() < 0.15
-    assert errors(wall.calls, wall.instances).min() > 0.4  # the default "over-predicts" 40%+
+    own_errors = errors(own.calls, own.instances)
+    wall_errors = errors(wall.calls, wall.instances)
+    assert own_errors.abs().max() < 0.15
+    # On wall-clock ages the tasks look slower than they are (stretched by waiting): the
+    # default "over-predicts" them in every bin, and by far more than on the own clock.
+    assert wall_errors.min() > 0
+    assert wall_errors.abs().mean() > 2 * own_errors.abs().mean() + 0.1
 
 
 def test_refit_compares_with_the_version_in_use_and_writes_the_next(
@@ -197,7 +237,13 @@ def test_timeline_reads_the_run_and_bins_its_calls(
     assert rates["output_tokens_per_s"].sum() * 60 == pytest.approx(
         sim_run.calls.loc[ok, "output_tokens"].sum()
     )
-    assert rates["429:output_tokens"].sum() == (~ok).sum()
+    # one 429 column per limit type the calls name, each counting that type's 429s
+    throttled = sim_run.calls.loc[~ok, "limit_type"].value_counts()
+    kinds = sorted(c for c in rates.columns if c.startswith("429:"))
+    assert kinds == sorted(f"429:{kind}" for kind in throttled.index)
+    for kind, count in throttled.items():
+        assert rates[f"429:{kind}"].sum() == count
+    assert sum(rates[k].sum() for k in kinds) == (~ok).sum()
     assert tl.audit["action"].tolist() == ["run.launch", "provider.limit_change", "run.close"]
     assert tl.audit["t_min"].tolist()[1] == pytest.approx(10.0)
     with pytest.raises(NotFound, match="run nope does not exist"):
@@ -213,9 +259,10 @@ def test_timeline_figures_have_their_axes_and_save_as_non_empty_png(
     fleet = figures["fleet"].axes[0]
     assert (fleet.get_xlabel(), fleet.get_ylabel()) == (TIME_LABEL, "tasks")
     legend = [t.get_text() for t in fleet.get_legend().get_texts()]
-    assert {"live (running)", "booting", "ceiling", "binding: paced", "binding: cooldown"} <= set(
-        legend
-    )
+    # one band label per constraint the planner reported
+    bindings = {f"binding: {b}" for b in tl.decisions["binding"].astype(str)}
+    assert {"live (running)", "booting", "ceiling"} <= set(legend)
+    assert {t for t in legend if t.startswith("binding: ")} == bindings
     # operator actions: one marker per audit entry, labelled with its action
     assert {t.get_text() for t in fleet.texts} == {
         "run.launch",
