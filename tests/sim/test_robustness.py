@@ -26,9 +26,9 @@ from sim.workload import build_workload
 pytestmark = pytest.mark.slow
 
 _NO_HEADERS_UNDERSHOOT = (
-    "no rate-limit headers: after its first 429s the planner's budgets sit below the true "
-    "limit (not re-probed for memory_s), and fixed:2N* hammering the provider finishes >5% "
-    "sooner (docs/bench-planner.md)"
+    "no rate-limit headers, a stale seed and the input limit dropping to 65% at 1175 s: the "
+    "planner finds the limit through 429s (49, rate 0.0027) and fixed:2N*, hammering the "
+    "provider (7,693 429s), finishes 7.7% sooner (docs/bench-planner.md)"
 )
 SEEDS = [
     0,
