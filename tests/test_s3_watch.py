@@ -189,17 +189,25 @@ def test_launch_automation_shape_and_template_check() -> None:
 def test_watch_cli_without_a_prefect_server_is_a_clear_error(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from prefect.context import refresh_global_settings_context
+
     from evalfleet.cli import main
     from evalfleet.settings import get_settings
     from tasks import ledger_io
 
-    monkeypatch.setenv("EVALFLEET_DATABASE_URL", f"sqlite:///{tmp_path / 'l.sqlite3'}")
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    for cached in (get_settings, ledger_io.engine, ledger_io.sessions):
-        cached.cache_clear()
+    # Prefect snapshots its settings (PREFECT_API_URL among them) in a global context: after a
+    # session Prefect server was started, removing the variable alone is not seen. Refresh the
+    # snapshot without the URL, and again once the environment is restored.
     try:
-        code = main(["s3", "watch", "--bucket", "drops", "--once"])
+        with monkeypatch.context() as env:
+            env.setenv("EVALFLEET_DATABASE_URL", f"sqlite:///{tmp_path / 'l.sqlite3'}")
+            env.delenv("PREFECT_API_URL", raising=False)
+            refresh_global_settings_context()
+            for cached in (get_settings, ledger_io.engine, ledger_io.sessions):
+                cached.cache_clear()
+            code = main(["s3", "watch", "--bucket", "drops", "--once"])
     finally:
+        refresh_global_settings_context()
         for cached in (get_settings, ledger_io.engine, ledger_io.sessions):
             cached.cache_clear()
     err = capsys.readouterr().err
