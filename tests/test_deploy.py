@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -71,7 +72,15 @@ def test_deploy_twice_gives_the_same_result(prefect_api_url: str, tmp_path) -> N
     ecs = EcsVariables.model_validate(ECS_VARS)
 
     async def go():
+        from prefect.exceptions import ObjectNotFound
+
         async with get_client() as client:
+            # The session server is shared: earlier tests (the e2e deploy, the eval scaler) may
+            # have made the project's pools. Start without them, so the first deploy creates
+            # them whatever ran before.
+            for pool in spec.pools:
+                with contextlib.suppress(ObjectNotFound):
+                    await client.delete_work_pool(pool.name)
             first = await apply_project(client, spec, settings, ecs)
             state1 = await _state(client)
             second = await apply_project(client, spec, settings, ecs)
@@ -81,6 +90,7 @@ def test_deploy_twice_gives_the_same_result(prefect_api_url: str, tmp_path) -> N
     first, state1, second, state2 = asyncio.run(go())
     assert state1 == state2
     assert {a for _, _, a in second.lines} <= {"unchanged", "upserted"}
+    assert {("work-pool", pool.name, "created") for pool in spec.pools} <= set(first.lines)
     assert ("work-pool", "evalfleet-ecs", "created") in first.lines
     assert state1["evalfleet-harness"]["limit"] == 40
     assert state1["evalfleet-eval"]["limit"] == 2
