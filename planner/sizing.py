@@ -99,7 +99,7 @@ class SizingConfig:
     boot_s: float = 60.0
     overdrive: float = 1.10
     max_wait_s: float = 6.0
-    endgame_max_wait_s: float = 12.0
+    endgame_max_wait_s: float = 6.0
     age_bin_s: float = 5.0
     stale_floor: int = 1
     integration_age_s: float = 7200.0

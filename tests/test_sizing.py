@@ -193,7 +193,7 @@ def test_call_rate_bound_names_qps_budget() -> None:
 
 
 def test_decision_record_is_frozen_and_checked() -> None:
-    d = decide(fleet([]), flat_curve(), B(), Counting(), Caps(), CFG)
+    d = decide(fleet([], queued=5000), flat_curve(), B(), Counting(), Caps(), CFG)
     with pytest.raises(AttributeError):
         d.ceiling = 3  # type: ignore[misc]
     with pytest.raises(ValueError):
@@ -274,19 +274,19 @@ def test_planner_package_imports_no_io_no_clock_no_environment() -> None:
 def test_endgame_launches_the_short_queue_at_once_within_the_longer_wait() -> None:
     curve = flat_curve()
     budgets = B(tokens_per_s=10_000.0)
-    steady = steady_state(curve, Counting(), CFG.boot_s, CFG.integration_age_s)
+    cfg = SizingConfig(boot_s=30.0, endgame_max_wait_s=12.0)
+    steady = steady_state(curve, Counting(), cfg.boot_s, cfg.integration_age_s)
     # what is queued would take longer than the curve's tail to serve: size as usual
-    normal = decide(fleet([], queued=1000), curve, budgets, Counting(), Caps(), CFG, steady)
+    normal = decide(fleet([], queued=1000), curve, budgets, Counting(), Caps(), cfg, steady)
     # 300 tasks x 30,000 tokens at 10,000/s = 900 s < tail age (~1170 s): endgame
     assert 300 * steady.task_totals["tokens_per_s"] / 10_000.0 < steady.tail_age_s
-    end = decide(fleet([], queued=300), curve, budgets, Counting(), Caps(), CFG, steady)
+    end = decide(fleet([], queued=300), curve, budgets, Counting(), Caps(), cfg, steady)
     assert normal.launches_allowed < 150 < end.launches_allowed <= 300
     # bounded by the pacer wait allowed in the endgame: peak demand <= (1 + wait/gap) x budget
-    o_end = 1.0 + CFG.endgame_max_wait_s / steady.mean_gap_s
+    o_end = 1.0 + cfg.endgame_max_wait_s / steady.mean_gap_s
     assert end.launches_allowed * 100.0 <= o_end * 10_000.0 * 1.001
-    tight = SizingConfig(boot_s=30.0, endgame_max_wait_s=CFG.max_wait_s)
-    capped = decide(fleet([], queued=300), curve, budgets, Counting(), Caps(), tight)
-    assert capped.launches_allowed < end.launches_allowed
+    capped = decide(fleet([], queued=300), curve, budgets, Counting(), Caps(), CFG)
+    assert normal.launches_allowed < capped.launches_allowed < end.launches_allowed
 
 
 def test_overdrive_controller_closes_the_utilisation_gap_and_stays_bounded() -> None:
