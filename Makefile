@@ -19,8 +19,12 @@ $(STAMP): $(UV) pyproject.toml uv.lock
 
 install: $(STAMP)
 
+# Where a PostgreSQL server answers on 127.0.0.1:5432 the demo's Prefect server uses it (a
+# SQLite-backed Prefect server stalls under the instances' concurrent writes); else SQLite.
+DEMO_PREFECT_DB := $(shell command -v pg_isready >/dev/null 2>&1 && pg_isready -q -h 127.0.0.1 -p 5432 && echo postgresql+asyncpg://postgres@127.0.0.1:5432/evalfleet_demo_prefect)
+
 demo: install
-	$(VENV)/bin/evalfleet demo
+	$(VENV)/bin/evalfleet demo $(if $(DEMO_PREFECT_DB),--prefect-db $(DEMO_PREFECT_DB))
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -44,14 +44,19 @@ class DemoError(EvalfleetError):
 
 
 @contextmanager
-def prefect_server(home: Path, log_path: Path, port: int) -> Iterator[str]:
-    """A local Prefect server (SQLite under ``home``); stopped (its process group) on exit."""
+def prefect_server(
+    home: Path, log_path: Path, port: int, database_url: str | None = None
+) -> Iterator[str]:
+    """A local Prefect server (SQLite under ``home``, or ``database_url`` when given); stopped
+    (its process group) on exit."""
     from evalfleet.settings import child_environment
 
+    extra = {"PREFECT_API_DATABASE_CONNECTION_URL": database_url} if database_url else {}
     env = child_environment(
         PREFECT_HOME=str(home),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_SERVER_LOGGING_LEVEL="WARNING",
+        **extra,
     )
     env.pop("PREFECT_API_URL", None)
     home.mkdir(parents=True, exist_ok=True)
@@ -97,6 +102,36 @@ def prefect_server(home: Path, log_path: Path, port: int) -> Iterator[str]:
                     proc.wait()
 
 
+def ensure_postgres_database(url: str) -> None:
+    """Create the PostgreSQL database named by ``url`` if it does not exist yet."""
+    import psycopg
+    import psycopg.sql
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise DemoError("--prefect-db: not a database URL") from None
+    if not parsed.drivername.startswith("postgresql") or not parsed.database:
+        raise DemoError("--prefect-db: must be a postgresql+asyncpg://.../DATABASE URL")
+    admin = parsed.set(drivername="postgresql", database="postgres")
+    conninfo = admin.render_as_string(hide_password=False)
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (parsed.database,)
+            ).fetchone()
+            if exists is None:
+                conn.execute(
+                    psycopg.sql.SQL("CREATE DATABASE {}").format(
+                        psycopg.sql.Identifier(parsed.database)
+                    )
+                )
+    except psycopg.Error as exc:
+        raise DemoError(f"--prefect-db: cannot reach PostgreSQL ({type(exc).__name__})") from None
+
+
 def demo_aliases() -> dict[str, Any]:
     """The embedded aliases with the demo's small pacer seed on ``sim-openai``."""
     from gateway.aliases import DEFAULT_ALIASES
@@ -139,7 +174,14 @@ _TERMINAL = ("resolved", "unresolved", "error", "aborted", "lost")
 
 @click.command("demo")
 @click.option("--instances", default=100, show_default=True, type=click.IntRange(1, 2000))
-def demo(instances: int) -> None:
+@click.option(
+    "--prefect-db",
+    default=None,
+    metavar="URL",
+    help="PostgreSQL database for the demo's Prefect server (postgresql+asyncpg://...); it is "
+    "created if missing. Default: SQLite, which can stall under the instances' concurrent writes.",
+)
+def demo(instances: int, prefect_db: str | None) -> None:
     """Run ~100 simulated instances end to end on the embedded default; report and plot."""
     from evalfleet.settings import export_environment, export_settings, get_settings
     from gateway.serving import free_port
@@ -151,7 +193,11 @@ def demo(instances: int) -> None:
     out = base / "demo" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    with prefect_server(base / "prefect", out / "prefect-server.log", free_port()) as api_url:
+    if prefect_db is not None:
+        ensure_postgres_database(prefect_db)
+    with prefect_server(
+        base / "prefect", out / "prefect-server.log", free_port(), prefect_db
+    ) as api_url:
         click.echo(f"Prefect server: {api_url.removesuffix('/api')}  (UI: flow runs, artifacts)")
         export_environment(
             {
