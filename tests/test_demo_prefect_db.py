@@ -1,5 +1,5 @@
-"""The demo's optional PostgreSQL-backed Prefect server: its database is created once, and a bad
-URL is a clear error naming the option."""
+"""The demo's optional PostgreSQL-backed Prefect server (``evalfleet.embedded``): its database is
+created once, and a bad URL is a clear error naming the option."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import uuid
 import psycopg
 import pytest
 
-from evalfleet.commands.demo import DemoError, ensure_postgres_database
+from evalfleet.embedded import ensure_postgres_database
+from evalfleet.errors import ConfigError
 from tests.conftest import PG_ADMIN_URL, _drop_pg_database, service_unavailable
 
 
@@ -26,9 +27,9 @@ def test_the_database_is_created_once() -> None:
         service_unavailable("PostgreSQL on 127.0.0.1:5432", exc)
     url = f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
     try:
-        ensure_postgres_database(url)
+        ensure_postgres_database(url, option="--prefect-db")
         assert _exists(name)
-        ensure_postgres_database(url)  # a second demo reuses it
+        ensure_postgres_database(url, option="--prefect-db")  # a second demo reuses it
         assert _exists(name)
     finally:
         _drop_pg_database(name)
@@ -38,5 +39,5 @@ def test_the_database_is_created_once() -> None:
     "url", ["not a url", "sqlite:///x.db", "postgresql+asyncpg://postgres@127.0.0.1:5432"]
 )
 def test_a_bad_url_names_the_option(url: str) -> None:
-    with pytest.raises(DemoError, match="--prefect-db"):
-        ensure_postgres_database(url)
+    with pytest.raises(ConfigError, match=r"^--prefect-db: "):
+        ensure_postgres_database(url, option="--prefect-db")

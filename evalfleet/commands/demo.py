@@ -14,21 +14,16 @@ from __future__ import annotations
 import copy
 import faulthandler
 import json
-import os
 import secrets
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
-import httpx
 
 from evalfleet.errors import EvalfleetError
 
@@ -41,95 +36,6 @@ HARNESS_OPTIONS = {"calls_median": 5, "calls_sigma": 0.4, "think_s": 2.0, "token
 
 class DemoError(EvalfleetError):
     """The demo could not start one of its services."""
-
-
-@contextmanager
-def prefect_server(
-    home: Path, log_path: Path, port: int, database_url: str | None = None
-) -> Iterator[str]:
-    """A local Prefect server (SQLite under ``home``, or ``database_url`` when given); stopped
-    (its process group) on exit."""
-    from evalfleet.settings import child_environment
-
-    extra = {"PREFECT_API_DATABASE_CONNECTION_URL": database_url} if database_url else {}
-    env = child_environment(
-        PREFECT_HOME=str(home),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_SERVER_LOGGING_LEVEL="WARNING",
-        **extra,
-    )
-    env.pop("PREFECT_API_URL", None)
-    home.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "server",
-                "start",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{port}/api"
-        try:
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    tail = log_path.read_text(errors="replace")[-1500:]
-                    raise DemoError(f"the Prefect server did not start; its log ends:\n{tail}")
-                time.sleep(0.5)
-            yield url
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-
-
-def ensure_postgres_database(url: str) -> None:
-    """Create the PostgreSQL database named by ``url`` if it does not exist yet."""
-    import psycopg
-    import psycopg.sql
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise DemoError("--prefect-db: not a database URL") from None
-    if not parsed.drivername.startswith("postgresql") or not parsed.database:
-        raise DemoError("--prefect-db: must be a postgresql+asyncpg://.../DATABASE URL")
-    admin = parsed.set(drivername="postgresql", database="postgres")
-    conninfo = admin.render_as_string(hide_password=False)
-    try:
-        with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (parsed.database,)
-            ).fetchone()
-            if exists is None:
-                conn.execute(
-                    psycopg.sql.SQL("CREATE DATABASE {}").format(
-                        psycopg.sql.Identifier(parsed.database)
-                    )
-                )
-    except psycopg.Error as exc:
-        raise DemoError(f"--prefect-db: cannot reach PostgreSQL ({type(exc).__name__})") from None
 
 
 def demo_aliases() -> dict[str, Any]:
@@ -183,6 +89,7 @@ _TERMINAL = ("resolved", "unresolved", "error", "aborted", "lost")
 )
 def demo(instances: int, prefect_db: str | None) -> None:
     """Run ~100 simulated instances end to end on the embedded default; report and plot."""
+    from evalfleet.embedded import prefect_server
     from evalfleet.settings import export_environment, export_settings, get_settings
     from gateway.serving import free_port
 
@@ -193,11 +100,15 @@ def demo(instances: int, prefect_db: str | None) -> None:
     out = base / "demo" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    if prefect_db is not None:
-        ensure_postgres_database(prefect_db)
     with prefect_server(
-        base / "prefect", out / "prefect-server.log", free_port(), prefect_db
-    ) as api_url:
+        prefect_db,
+        create_database=prefect_db is not None,
+        option="--prefect-db",
+        home=base / "prefect",
+        log_path=out / "prefect-server.log",
+        ui=True,
+    ) as server:
+        api_url = server.api_url
         click.echo(f"Prefect server: {api_url.removesuffix('/api')}  (UI: flow runs, artifacts)")
         export_environment(
             {
