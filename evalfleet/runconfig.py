@@ -6,6 +6,8 @@ named them through ``{file: ..., start, stop, match}``. The resolved form (``to_
 what the launcher stores in ``runs.config``; loading it back with ``from_mapping`` gives an equal
 config, and ``content_hash`` is a stable SHA-256 of it (same ids + same settings → same hash,
 whichever of YAML/JSON or list/file form was used), which the launcher can use for idempotency.
+An omitted ``max_attempts`` stays None here ("the deployment's default"): the model reads no
+settings; the launcher fills in ``EVALFLEET_DEFAULT_MAX_ATTEMPTS`` when it writes the run.
 
 Strict throughout: no coercion (``"12"`` is not a number), unknown keys refused at every depth
 except inside an adapter's ``options`` (which must still be bounded, JSON-compatible data),
@@ -305,7 +307,8 @@ class RunConfig(_Strict):
     instances: tuple[str, ...]  # checked (ids, uniqueness, count) by _resolve_instances
     caps: Caps
     timeouts: Timeouts = Field(default_factory=Timeouts)
-    max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS)
+    # None: the deployment's default (EVALFLEET_DEFAULT_MAX_ATTEMPTS), filled in by the launcher
+    max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS)
     priority: float = Field(default=1.0, gt=0, le=MAX_PRIORITY)
 
     @field_validator("instances", mode="before")
@@ -426,6 +429,6 @@ class RunConfig(_Strict):
             f"{self.name}: harness {self.harness.name}, evaluator {evaluator}, "
             f"alias {self.alias}, {count} instance{'' if count == 1 else 's'}, "
             f"caps: spend ${self.caps.spend_usd:,.2f}, {tasks}; "
-            f"max_attempts {self.max_attempts}, priority {self.priority:g}, "
+            f"max_attempts {self.max_attempts or 'default'}, priority {self.priority:g}, "
             f"instance timeout {self.timeouts.instance_s:g}s"
         )

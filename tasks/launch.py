@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from evalfleet.config_sources import resolve_config
 from evalfleet.errors import ConfigError
 from evalfleet.runconfig import RunConfig
+from evalfleet.settings import get_settings
 from evalfleet.states import RunState, check_run_transition
 from harnesses import make_evaluator, make_harness
 from ledger.clock import db_now
@@ -64,7 +65,13 @@ def existing_run(idempotency_key: str) -> str | None:
 
 
 def write_run(cfg: RunConfig, source: str | None, idempotency_key: str) -> tuple[str, bool]:
-    """Write the run (``launching``) and its pending rows; (run id, created now?)."""
+    """Write the run (``launching``) and its pending rows; (run id, created now?).
+
+    A config without ``max_attempts`` gets the deployment's ``EVALFLEET_DEFAULT_MAX_ATTEMPTS``
+    now: ``runs.max_attempts`` and the stored ``runs.config`` both hold the effective number.
+    """
+    if cfg.max_attempts is None:
+        cfg = cfg.model_copy(update={"max_attempts": get_settings().default_max_attempts})
     run_id = str(uuid.uuid4())
     new = NewRun(
         run_id=run_id,

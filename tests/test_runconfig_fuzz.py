@@ -49,7 +49,7 @@ def check_sound(config: RunConfig, base_dir: Path) -> None:
     assert all(i and i.isprintable() and not any(c.isspace() for c in i) for i in config.instances)
     assert math.isfinite(config.caps.spend_usd) and config.caps.spend_usd > 0
     assert math.isfinite(config.priority) and config.priority > 0
-    assert 1 <= config.max_attempts <= 20
+    assert config.max_attempts is None or 1 <= config.max_attempts <= 20
     for name in (config.name, config.alias, config.harness.name):
         assert 1 <= len(name) <= 64 and "/" not in name and name.isprintable()
     stored = json.loads(config.canonical_json())["config"]  # strict JSON: no NaN can slip in
