@@ -9,6 +9,11 @@ from (run, instance), log-normal around ``calls_median`` (traces: median 36, p90
 of an instance makes the same calls. ``token_scale`` and ``think_s`` shrink an instance for demos
 and tests without changing the shape. Text is made of fixed words; the simulated provider and the
 gateway count ~4 characters per token.
+
+The conversation model (``Conversation``: the messages of each step; ``planned_calls``; the
+think time) is shared with ``harnesses.simulated_calls``, which replays it offline against the
+simulated provider's token, caching and latency model to fit the harness's shipped usage curve
+(``evalfleet curves fit-simulated``), so the curve and the harness cannot drift apart.
 """
 
 from __future__ import annotations
@@ -74,6 +79,27 @@ def instance_rng(run_id: str, instance_id: str) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
+class Conversation:
+    """The messages one instance sends: a system prompt and the task, then after every step the
+    assistant's reply and a tool observation (the whole history is resent each step)."""
+
+    def __init__(self, options: SimulatedOptions, instance_id: str) -> None:
+        first = max(1, round(FIRST_PROMPT_TOKENS * options.token_scale))
+        self._observation = max(1, round(OBSERVATION_TOKENS * options.token_scale))
+        self._instance_id = instance_id
+        self.messages: list[dict[str, object]] = [
+            {"role": "system", "content": filler(first // 3, "system")},
+            {"role": "user", "content": filler(first - first // 3, instance_id)},
+        ]
+
+    def add_turn(self, step: int, reply: str) -> None:
+        """Append step ``step``'s reply and the observation of the tool the agent ran."""
+        self.messages.append({"role": "assistant", "content": reply or "ok"})
+        self.messages.append(
+            {"role": "user", "content": filler(self._observation, f"{self._instance_id}:{step}")}
+        )
+
+
 class SimulatedHarness:
     """See the module docstring."""
 
@@ -87,30 +113,24 @@ class SimulatedHarness:
         draw = instance_rng(run_id, instance_id).gauss(0.0, 1.0)
         return max(1, min(o.calls_max, round(o.calls_median * math.exp(o.calls_sigma * draw))))
 
+    def conversation(self, instance_id: str) -> Conversation:
+        """The instance's conversation at its first step."""
+        return Conversation(self.options, instance_id)
+
     def run(self, ctx: HarnessContext) -> HarnessResult:
         o = self.options
         client = make_client(ctx, o.call_timeout_s)
         steps = self.planned_calls(ctx.run_id, ctx.instance_id)
-        first = max(1, round(FIRST_PROMPT_TOKENS * o.token_scale))
-        observation = max(1, round(OBSERVATION_TOKENS * o.token_scale))
-        messages: list[dict[str, object]] = [
-            {"role": "system", "content": filler(first // 3, "system")},
-            {"role": "user", "content": filler(first - first // 3, ctx.instance_id)},
-        ]
+        conversation = self.conversation(ctx.instance_id)
         totals = [0, 0, 0]
-        reply = ""
         for step in range(1, steps + 1):
-            usage = chat(client, ctx.alias, messages, o.max_tokens)
+            usage = chat(client, ctx.alias, conversation.messages, o.max_tokens)
             totals[0] += usage.input_tokens
             totals[1] += usage.cached_input_tokens
             totals[2] += usage.output_tokens
-            reply = usage.text
             if step == steps:
                 break
-            messages.append({"role": "assistant", "content": reply or "ok"})
-            messages.append(
-                {"role": "user", "content": filler(observation, f"{ctx.instance_id}:{step}")}
-            )
+            conversation.add_turn(step, usage.text)
             if o.think_s:
                 time.sleep(o.think_s)
         patch = (

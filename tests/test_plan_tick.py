@@ -34,6 +34,7 @@ from ledger.models import (
 from ledger.pacer_controls import set_pacer
 from ledger.pauses import set_pause
 from planner.budgets import BudgetClass, Budgets, initial_state
+from planner.curves import DEFAULT_HARNESS
 from tasks import ledger_io, plan
 
 pytestmark = pytest.mark.postgres
@@ -110,7 +111,7 @@ def add_run(
             insert(Run).values(
                 id=run_id,
                 name="plan-test",
-                harness="simulated",
+                harness=DEFAULT_HARNESS,  # sized on the shipped curve of the real traces
                 alias=alias,
                 state="running",
                 task_cap=task_cap,
@@ -462,13 +463,13 @@ def test_an_alias_shared_by_two_harnesses_is_sized_on_their_mix(plan_ledger: Eng
     write_curve(
         plan_ledger, HarnessCurve.from_params(params), sample_count=1, fit_quality={}, source="t"
     )
-    add_run(plan_ledger, running=2, queued=20)  # harness "simulated": the default curve
+    add_run(plan_ledger, running=2, queued=20)  # harness mini-swe-agent: the default curve
     run_id = add_run(plan_ledger, running=2, queued=20)
     light = plan.plan_tick(T0, False)[ALIAS]
     with plan_ledger.begin() as conn:
         conn.execute(Run.__table__.update().where(Run.id == run_id).values(harness="heavy"))
     fleet = plan.read_fleet(T0, False)[0]
-    assert dict(fleet.work) == {"heavy": 22, "simulated": 22}
+    assert dict(fleet.work) == {"heavy": 22, DEFAULT_HARNESS: 22}
     assert isinstance(plan._fleet_curve(fleet), plan.MixedCurve)
     mixed = plan.plan_tick(T0, False)[ALIAS]
     # half the fleet asks for 3x the input tokens: the same budget holds fewer tasks

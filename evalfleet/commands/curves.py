@@ -5,6 +5,13 @@ traces in ``sim/traces`` (80% of the instances, chosen deterministically), check
 20% (per minute of age, per running task) and rewrites ``planner/default_curves/<harness>.json``
 with the fitted parameters and the measured check.
 
+``curves fit-simulated`` refits the shipped default curve of the ``simulated`` harness offline:
+instances of the harness's own conversation model answered by the simulated provider's token,
+caching and latency model (``harnesses.simulated_calls``), by default with the options and
+provider profile of ``evalfleet demo``; it checks the fit on instances drawn under another run
+id and rewrites ``planner/default_curves/simulated.json``. Deterministic: the same command gives
+the same file.
+
 ``curves fit --harness H [--since ...] [--until ...] [--write] [--json]`` refits a harness from
 the ledger's ``llm_calls`` (``analysis.refit``: instances that ran entirely in the window),
 compares the fit and the version in use per minute of task age, and with ``--write`` stores it
@@ -72,12 +79,99 @@ def fit_default_params(
     return params, check
 
 
+SIMULATED_INSTANCES = 1_000
+SIMULATED_CHECK_INSTANCES = 400
+SIMULATED_BIN_S = 5.0  # the planner's own age bin; the demo's tasks live ~12 s
+SIMULATED_CHECK_BINS = 5
+SIMULATED_CALL_OVERHEAD_S = 0.02  # gateway + HTTP hops per call on top of the provider's latency
+
+
+def fit_simulated_params(
+    options: dict[str, Any] | None = None,
+    *,
+    instances: int = SIMULATED_INSTANCES,
+    call_overhead_s: float = SIMULATED_CALL_OVERHEAD_S,
+    bin_s: float = SIMULATED_BIN_S,
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Fit the ``simulated`` harness's default curve offline; return (params, check table).
+
+    ``options``: the harness options to model (default: the demo's); the provider is the demo's
+    profile (latency and output model). The check plays ``SIMULATED_CHECK_INSTANCES`` other
+    instances (another run id) and compares per ``bin_s`` of age.
+    """
+    from evalfleet.commands.demo import HARNESS_OPTIONS, demo_profile
+    from harnesses.simulated import SimulatedHarness
+    from harnesses.simulated_calls import OFFLINE_RUN_ID, offline_calls
+    from planner.fit import check_curve, fit_curve
+
+    chosen = dict(HARNESS_OPTIONS if options is None else options)
+    resolved = SimulatedHarness(chosen, source="--options").options.model_dump()
+    profile = demo_profile()
+    calls, ends = offline_calls(chosen, profile, instances, call_overhead_s=call_overhead_s)
+    check_run = f"{OFFLINE_RUN_ID}-check"
+    test_calls, test_ends = offline_calls(
+        chosen,
+        profile,
+        SIMULATED_CHECK_INSTANCES,
+        run_id=check_run,
+        call_overhead_s=call_overhead_s,
+    )
+    fitted = fit_curve(
+        calls,
+        "simulated",
+        instances=ends,
+        bin_s=bin_s,
+        survival_step_s=1.0,
+        latency_base_s=profile.latency_s + call_overhead_s,
+        latency_per_output_token_s=profile.latency_per_output_token_s,
+    )
+    check = check_curve(
+        fitted.curve, test_calls, test_ends, bin_s=bin_s, n_bins=SIMULATED_CHECK_BINS
+    )
+    worst = {
+        q: float(check.loc[check.quantity == q, "rel_error"].abs().max())
+        for q in check.quantity.unique()
+    }
+    params = fitted.curve.to_params()
+    params["fit"] = {
+        "source": "harnesses.simulated_calls (offline: the harness's conversation model answered "
+        "by the simulated provider's token, cache and latency model)",
+        "command": "evalfleet curves fit-simulated",
+        "options": resolved,
+        "provider": {
+            "latency_s": profile.latency_s,
+            "latency_per_output_token_s": profile.latency_per_output_token_s,
+            "output_fraction_min": profile.output_fraction_min,
+            "output_fraction_max": profile.output_fraction_max,
+            "seed": profile.seed,
+        },
+        "call_overhead_s": call_overhead_s,
+        "run_id": OFFLINE_RUN_ID,
+        "train_instances": fitted.instance_count,
+        "train_calls": fitted.sample_count,
+        "test_instances": SIMULATED_CHECK_INSTANCES,
+        "test_run_id": check_run,
+        "quality": fitted.quality,
+        "check": {
+            "bin_s": bin_s,
+            "bins": SIMULATED_CHECK_BINS,
+            "max_abs_rel_error": worst,
+            "rel_error_per_bin": {
+                q: [round(float(x), 4) for x in check.loc[check.quantity == q, "rel_error"]]
+                for q in check.quantity.unique()
+            },
+        },
+    }
+    return params, check
+
+
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        os.chmod(tmp, 0o644)  # a shipped file, readable by all (mkstemp makes it 0600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -129,6 +223,64 @@ def fit_default(trace: str, out_dir: Path, dry_run: bool, as_json: bool) -> None
         worst = params["fit"]["check"]["max_abs_rel_error"][q]
         verdict = "ok" if worst <= CHECK_TOLERANCE else "OVER TOLERANCE"
         click.echo(f"{q}: worst {worst * 100:.1f}% ({verdict}, tolerance {CHECK_TOLERANCE:.0%})")
+    click.echo(("would write " if dry_run else "wrote ") + str(path))
+
+
+@curves.command(name="fit-simulated")
+@click.option(
+    "--options",
+    "options_json",
+    default=None,
+    metavar="JSON",
+    help="Harness options to model (a JSON object). Default: the demo's.",
+)
+@click.option(
+    "--instances",
+    type=click.IntRange(20, 100_000),
+    default=SIMULATED_INSTANCES,
+    show_default=True,
+    help="Offline instances to fit from.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_OUT,
+    show_default=True,
+    help="Folder to write simulated.json into.",
+)
+@click.option("--dry-run", is_flag=True, help="Fit and check, print, but write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the check as JSON.")
+def fit_simulated(
+    options_json: str | None, instances: int, out_dir: Path, dry_run: bool, as_json: bool
+) -> None:
+    """Refit the shipped curve of the `simulated` harness offline (no network, deterministic)."""
+    options: dict[str, Any] | None = None
+    if options_json is not None:
+        try:
+            options = json.loads(options_json)
+        except json.JSONDecodeError as exc:
+            raise ConfigError("--options", [f"not JSON: {exc.msg}"]) from None
+        if not isinstance(options, dict):
+            raise ConfigError("--options", ["must be a JSON object"])
+    params, check = fit_simulated_params(options, instances=instances)
+    path = out_dir / "simulated.json"
+    if not dry_run:
+        _write_atomic(path, json.dumps(params, indent=1, sort_keys=True) + "\n")
+    info = params["fit"]
+    if as_json:
+        click.echo(json.dumps({"path": str(path), "written": not dry_run, "check": info["check"]}))
+        return
+    click.echo(
+        f"fitted simulated on {info['train_instances']} offline instances "
+        f"({info['train_calls']} calls, options {json.dumps(info['options'], sort_keys=True)}); "
+        f"checked on {info['test_instances']} others"
+    )
+    table = check.pivot(index="bin_start_s", columns="quantity", values="rel_error")
+    click.echo(
+        f"relative error per {info['check']['bin_s']:g} s of age (predicted / observed - 1):"
+    )
+    click.echo((table * 100).round(1).to_string())
     click.echo(("would write " if dry_run else "wrote ") + str(path))
 
 
