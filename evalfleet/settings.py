@@ -180,6 +180,21 @@ class Settings(BaseSettings):
     dispatch_tick_s: float = Field(
         default=1.0, ge=0.05, le=60.0, description="Seconds between dispatcher admission passes."
     )
+    bootstrap_ceiling: int = Field(
+        default=4,
+        ge=1,
+        le=100_000,
+        description="Most live instances per alias the dispatcher admits while the planner has "
+        "no fresh decision for it (a new alias before the planner's first tick, or a planner "
+        "that stopped deciding): a conservative start, never a stall.",
+    )
+    planner_decision_max_age_s: float | None = Field(
+        default=None,
+        ge=1.0,
+        le=86_400.0,
+        description="Seconds a planner decision stays in force for the dispatcher; an older one "
+        "counts as none (bootstrap ceiling). Default: 4 planner ticks.",
+    )
     eval_concurrency_min: int = Field(
         default=1, ge=1, le=10_000, description="Lower bound the eval-pool scaler keeps."
     )
@@ -232,12 +247,29 @@ class Settings(BaseSettings):
                 f"(got {self.heartbeat_s:g} >= {self.visibility_timeout_s:g}): leases would expire "
                 "between heartbeats"
             )
+        if (
+            self.planner_decision_max_age_s is not None
+            and self.planner_decision_max_age_s < 2 * self.planner_tick_s
+        ):
+            raise ValueError(
+                "EVALFLEET_PLANNER_DECISION_MAX_AGE_S must be at least twice "
+                f"EVALFLEET_PLANNER_TICK_S (got {self.planner_decision_max_age_s:g} < "
+                f"2 x {self.planner_tick_s:g}): every decision would expire before the next one"
+            )
         if self.eval_concurrency_min > self.eval_concurrency_max:
             raise ValueError(
                 "EVALFLEET_EVAL_CONCURRENCY_MIN must not exceed EVALFLEET_EVAL_CONCURRENCY_MAX "
                 f"(got {self.eval_concurrency_min} > {self.eval_concurrency_max})"
             )
         return self
+
+    @property
+    def decision_max_age_s(self) -> float:
+        """How long a planner decision stays in force (``planner_decision_max_age_s``, default
+        four planner ticks)."""
+        if self.planner_decision_max_age_s is not None:
+            return self.planner_decision_max_age_s
+        return 4 * self.planner_tick_s
 
     @property
     def ledger_url(self) -> str:

@@ -4,8 +4,14 @@ Admission (per pass, ``admission``): a run's ceiling is
 
     min(static cap, its task cap, its ceiling override, its fair share of its alias's ceiling)
 
-where the alias's ceiling is min(the planner's latest ``planner_decisions.ceiling`` — the static
-cap until a planner has decided —, the operator's alias override). Runs on one alias split it by
+where the alias's ceiling is min(the planner's latest ``planner_decisions.ceiling``, the operator's
+alias override). A decision is in force for ``decision_max_age_s`` (default four planner ticks);
+without one in force — a new alias before the planner's first tick, a decision left from an
+earlier busy period, a planner that stopped deciding — the alias's ceiling is the conservative
+``bootstrap_ceiling`` (``EVALFLEET_BOOTSTRAP_CEILING``, 4), not the static cap: the first pass
+of a run no longer fills the static cap before the planner has looked at the alias, and a dead
+planner slows the alias to the bootstrap ceiling (logged as a warning) instead of stalling it
+or leaving it at a ceiling nobody revises. Runs on one alias split it by
 priority, each within its own caps and demand (``planner.shares.fair_shares``: a share one run
 cannot use goes to the others). A run's allowance is its ceiling minus its live tasks (booting +
 running + evaluating: a claimed job is ``booting`` before its flow run exists, so it counts at
@@ -29,10 +35,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import func, select
@@ -40,6 +48,7 @@ from sqlalchemy import func, select
 from evalfleet.errors import NotFound, StaleLease
 from evalfleet.settings import get_settings
 from evalfleet.states import INSTANCE_LEASED, RUN_CLAIMABLE, RUN_TERMINAL
+from ledger.clock import as_utc
 from ledger.controls import alias_ceiling_overrides
 from ledger.models import InstanceResult, Job, PauseFlag, PlannerDecision, Run
 from ledger.queue import MAX_CLAIM, Lease, claim
@@ -78,12 +87,18 @@ class RunLoad:
 
 @dataclass(frozen=True)
 class Fleet:
-    """What admission reads from the ledger in one pass."""
+    """What admission reads from the ledger in one pass. ``planner_ceilings``: the planner
+    decisions in force; an alias without one gets ``bootstrap_ceiling``."""
 
     loads: tuple[RunLoad, ...]
     pool_paused: bool
     planner_ceilings: Mapping[str, int] = field(default_factory=dict)
     alias_overrides: Mapping[str, int] = field(default_factory=dict)
+    bootstrap_ceiling: int = field(kw_only=True)
+
+    def unplanned(self) -> set[str]:
+        """Aliases with work to admit but no planner decision in force."""
+        return {x.alias for x in self.loads if x.admits and x.queued} - set(self.planner_ceilings)
 
 
 @dataclass(frozen=True)
@@ -143,8 +158,9 @@ def run_loads() -> list[RunLoad]:
     ]
 
 
-def planner_ceilings(aliases: set[str]) -> dict[str, int]:
-    """The latest planner ceiling per alias (aliases the planner has not decided are absent)."""
+def planner_ceilings(aliases: set[str], decided_after: datetime | None = None) -> dict[str, int]:
+    """The latest planner ceiling per alias; aliases the planner has not decided, or whose
+    latest decision is older than ``decided_after`` (timezone-aware), are absent."""
     if not aliases:
         return {}
     latest = (
@@ -155,11 +171,15 @@ def planner_ceilings(aliases: set[str]) -> dict[str, int]:
     )
     with engine().connect() as conn:
         rows = conn.execute(
-            select(PlannerDecision.alias, PlannerDecision.ceiling).join(
+            select(PlannerDecision.alias, PlannerDecision.ceiling, PlannerDecision.tick_at).join(
                 latest, PlannerDecision.id == latest.c.id
             )
         ).all()
-    return {alias: int(ceiling) for alias, ceiling in rows}
+    return {
+        alias: int(ceiling)
+        for alias, ceiling, tick_at in rows
+        if decided_after is None or as_utc(tick_at) >= decided_after
+    }
 
 
 def pool_paused(pool: str = HARNESS_POOL) -> bool:
@@ -172,12 +192,69 @@ def pool_paused(pool: str = HARNESS_POOL) -> bool:
 
 
 def read_fleet() -> Fleet:
-    """Everything one admission pass needs, read from the ledger."""
+    """Everything one admission pass needs, read from the ledger (decisions older than the
+    settings' ``decision_max_age_s`` are not in force)."""
+    settings = get_settings()
     loads = tuple(run_loads())
     aliases = {x.alias for x in loads}
     with sessions()() as session:
         overrides = {a: v for a, v in alias_ceiling_overrides(session).items() if a in aliases}
-    return Fleet(loads, pool_paused(), planner_ceilings(aliases), overrides)
+    fresh = datetime.now(UTC) - timedelta(seconds=settings.decision_max_age_s)
+    return Fleet(
+        loads,
+        pool_paused(),
+        planner_ceilings(aliases, fresh),
+        overrides,
+        bootstrap_ceiling=settings.bootstrap_ceiling,
+    )
+
+
+class UnplannedLog:
+    """Says when an alias is admitted on the bootstrap ceiling: once at info when it starts
+    (expected for a new run, until the planner's first tick), then a warning every
+    ``warn_every_s`` while it lasts longer than that (the planner is down or not deciding)."""
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+        self._warned: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def note(self, fleet: Fleet, warn_every_s: float, now: float | None = None) -> list[str]:
+        """Log for this pass; returns the aliases warned about."""
+        at = time.monotonic() if now is None else now
+        waiting = fleet.unplanned()
+        warned = []
+        with self._lock:
+            for alias in sorted(waiting):
+                since = self._since.setdefault(alias, at)
+                if since == at:
+                    log.info(
+                        "alias %s: no planner decision in force; admitting at most %d live "
+                        "instances (EVALFLEET_BOOTSTRAP_CEILING) until the planner decides",
+                        alias,
+                        fleet.bootstrap_ceiling,
+                    )
+                elif (
+                    at - since >= warn_every_s
+                    and at - self._warned.get(alias, -math.inf) >= warn_every_s
+                ):
+                    self._warned[alias] = at
+                    warned.append(alias)
+                    log.warning(
+                        "alias %s: no planner decision for %.0f s; the dispatcher keeps admitting "
+                        "at most %d live instances (EVALFLEET_BOOTSTRAP_CEILING). Is the planner "
+                        "loop running?",
+                        alias,
+                        at - since,
+                        fleet.bootstrap_ceiling,
+                    )
+            for alias in set(self._since) - waiting:
+                self._since.pop(alias, None)
+                self._warned.pop(alias, None)
+        return warned
+
+
+UNPLANNED = UnplannedLog()
 
 
 def _own_cap(load: RunLoad, static_cap: int) -> int:
@@ -187,8 +264,9 @@ def _own_cap(load: RunLoad, static_cap: int) -> int:
 
 
 def alias_ceiling(fleet: Fleet, alias: str, static_cap: int) -> int:
-    """min(planner ceiling (static cap until decided), operator alias override, static cap)."""
-    values = [static_cap, fleet.planner_ceilings.get(alias, static_cap)]
+    """min(planner ceiling (the bootstrap ceiling while none is in force), operator alias
+    override, static cap)."""
+    values = [static_cap, fleet.planner_ceilings.get(alias, fleet.bootstrap_ceiling)]
     if alias in fleet.alias_overrides:
         values.append(fleet.alias_overrides[alias])
     return max(0, min(values))
@@ -234,8 +312,10 @@ def plan_admission(fleet: Fleet, static_cap: int, free_slots: int) -> Admission:
 
 
 def admission(static_cap: int, free_slots: int) -> Admission:
-    """``plan_admission`` on the ledger's current state."""
-    return plan_admission(read_fleet(), static_cap, free_slots)
+    """``plan_admission`` on the ledger's current state (logging aliases on the bootstrap)."""
+    fleet = read_fleet()
+    UNPLANNED.note(fleet, get_settings().decision_max_age_s)
+    return plan_admission(fleet, static_cap, free_slots)
 
 
 def claim_admitted(allowed: Admission) -> list[Lease]:

@@ -28,7 +28,11 @@ def load(run_id: str, alias: str = "sim", **over: object) -> RunLoad:
 
 def fleet(*loads: RunLoad, ceiling: int | None = 8, **over: object) -> Fleet:
     ceilings = {} if ceiling is None else {x.alias: ceiling for x in loads}
-    values: dict[str, object] = {"pool_paused": False, "planner_ceilings": ceilings}
+    values: dict[str, object] = {
+        "pool_paused": False,
+        "planner_ceilings": ceilings,
+        "bootstrap_ceiling": 4,
+    }
     values.update(over)
     return Fleet(tuple(loads), **values)  # type: ignore[arg-type]
 
@@ -82,9 +86,27 @@ def test_the_alias_override_lowers_the_planner_ceiling() -> None:
     assert plan_admission(held, 64, 64).allowed == {"a": 0}
 
 
-def test_without_a_planner_decision_the_static_cap_is_the_ceiling() -> None:
-    adm = plan_admission(fleet(load("a", queued=50), ceiling=None), 10, 64)
-    assert adm.allowed == {"a": 10}
+def test_without_a_planner_decision_the_bootstrap_ceiling_holds_the_first_pass() -> None:
+    # before the planner's first decision a pass admitted the whole static cap (10 here)
+    f = fleet(load("a", queued=50), load("b", priority=3.0, queued=50), ceiling=None)
+    adm = plan_admission(f, 10, 64)
+    assert adm.total == 4 and adm.allowed == {"a": 1, "b": 3}
+    # booting tasks count: the next pass admits nothing until a decision is in force
+    f = fleet(
+        load("a", queued=49, live=1), load("b", priority=3.0, queued=47, live=3), ceiling=None
+    )
+    assert plan_admission(f, 10, 64).total == 0
+    assert f.unplanned() == {"sim"}
+    # the bootstrap is at least 1: an alias without a planner still makes progress
+    lone = fleet(load("a", queued=5), ceiling=None, bootstrap_ceiling=1)
+    assert plan_admission(lone, 10, 64).allowed == {"a": 1}
+    # once the planner decides, its ceiling replaces the bootstrap (higher or lower)
+    assert plan_admission(fleet(load("a", queued=50), ceiling=9), 10, 64).allowed == {"a": 9}
+    assert plan_admission(fleet(load("a", queued=50), ceiling=2), 10, 64).allowed == {"a": 2}
+    # the static cap and an operator override still bind below the bootstrap
+    assert plan_admission(fleet(load("a", queued=50), ceiling=None), 3, 64).allowed == {"a": 3}
+    held = fleet(load("a", queued=50), ceiling=None, alias_overrides={"sim": 0})
+    assert plan_admission(held, 10, 64).allowed == {"a": 0}
 
 
 def test_a_paused_pool_admits_nothing() -> None:
@@ -132,8 +154,9 @@ def fleets(draw: st.DrawFn) -> tuple[Fleet, int, int]:
     f = Fleet(
         tuple(loads),
         pool_paused=draw(st.booleans()),
-        planner_ceilings={a: draw(st.integers(0, 40)) for a in ("x", "y")},
+        planner_ceilings=draw(st.dictionaries(st.sampled_from(["x", "y"]), st.integers(0, 40))),
         alias_overrides=draw(st.dictionaries(st.sampled_from(["x", "y"]), st.integers(0, 40))),
+        bootstrap_ceiling=draw(st.integers(1, 10)),
     )
     return f, draw(st.integers(1, 50)), draw(st.integers(0, 50))
 
@@ -160,3 +183,5 @@ def test_admission_never_exceeds_any_bound(case: tuple[Fleet, int, int]) -> None
         added = sum(adm.allowed[x.run_id] for x in on)
         if added:
             assert sum(x.live for x in on) + added <= alias_ceiling(f, alias, static_cap)
+            if alias not in f.planner_ceilings:
+                assert sum(x.live for x in on) + added <= f.bootstrap_ceiling

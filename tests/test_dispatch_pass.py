@@ -4,9 +4,10 @@ job reference to the launcher; a launch that fails returns the pass's claims to 
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, func, insert, select
@@ -79,12 +80,12 @@ def run(engine: Engine, n: int, priority: float = 1.0, alias: str = "sim-openai"
     return run_id
 
 
-def decide(engine: Engine, alias: str, ceiling: int) -> None:
+def decide(engine: Engine, alias: str, ceiling: int, age_s: float = 0.0) -> None:
     with engine.begin() as conn:
         conn.execute(
             insert(PlannerDecision).values(
                 alias=alias,
-                tick_at=datetime.now(UTC),
+                tick_at=datetime.now(UTC) - timedelta(seconds=age_s),
                 live=0,
                 booting=0,
                 queued=0,
@@ -123,6 +124,49 @@ def test_a_pass_claims_each_runs_fair_share_of_the_planner_ceiling(ledger: Engin
     decide(ledger, "sim-openai", 16)
     assert dispatch_pass(launcher) == 8
     assert launcher.per_run() == {low: 4, high: 12}
+
+
+def test_before_the_planners_first_decision_a_pass_admits_only_the_bootstrap(
+    ledger: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the static cap is 64: the first pass used to claim all 20 jobs before any decision
+    a = run(ledger, 20)
+    launcher = Recorder()
+    with caplog.at_level(logging.INFO, logger="tasks.dispatch"):
+        assert dispatch_pass(launcher) == get_settings().bootstrap_ceiling == 4
+    assert "no planner decision in force" in caplog.text
+    assert dispatch_pass(launcher) == 0  # booting tasks count: no more until a decision
+    decide(ledger, "sim-openai", 10)
+    assert dispatch_pass(launcher) == 6
+    assert booting(ledger, a) == 10
+
+
+def test_a_decision_older_than_its_max_age_is_not_in_force(ledger: Engine) -> None:
+    run(ledger, 20)
+    max_age = get_settings().decision_max_age_s
+    assert max_age == 4 * get_settings().planner_tick_s
+    # e.g. left from an earlier run, or the planner stopped: the bootstrap ceiling, not 16
+    decide(ledger, "sim-openai", 16, age_s=max_age + 5)
+    launcher = Recorder()
+    assert dispatch_pass(launcher) == 4
+    decide(ledger, "sim-openai", 16, age_s=max_age - 5)
+    assert dispatch_pass(launcher) == 12
+
+
+def test_an_alias_left_on_the_bootstrap_is_logged_then_warned_about() -> None:
+    from tasks.dispatch import UnplannedLog
+    from tests.test_dispatch_admission import fleet, load
+
+    unplanned = UnplannedLog()
+    waiting = fleet(load("a", alias="x"), ceiling=None)
+    assert unplanned.note(waiting, 60.0, now=0.0) == []  # info only: a new run
+    assert unplanned.note(waiting, 60.0, now=30.0) == []
+    assert unplanned.note(waiting, 60.0, now=61.0) == ["x"]  # the planner is not deciding
+    assert unplanned.note(waiting, 60.0, now=90.0) == []  # at most one warning a minute
+    assert unplanned.note(waiting, 60.0, now=125.0) == ["x"]
+    decided = fleet(load("a", alias="x"), ceiling=5)
+    assert unplanned.note(decided, 60.0, now=130.0) == []
+    assert unplanned.note(waiting, 60.0, now=140.0) == []  # a new episode starts over
 
 
 def test_the_alias_override_and_pauses_hold_launches(ledger: Engine) -> None:
@@ -216,3 +260,14 @@ def test_the_work_pool_launcher_creates_flow_runs_or_requeues_every_claim(
                 client.delete_flow_run(flow_run.id)
             client.delete_deployment(deployment_id)
             client.delete_work_pool(f"dispatch-test-{tag}")
+
+
+def test_the_decision_max_age_defaults_to_four_ticks_and_must_outlast_two() -> None:
+    from evalfleet.settings import SettingsError, load_settings
+
+    assert load_settings(planner_tick_s=5.0).decision_max_age_s == 20.0
+    assert load_settings(planner_decision_max_age_s=300.0).decision_max_age_s == 300.0
+    with pytest.raises(SettingsError, match="EVALFLEET_PLANNER_DECISION_MAX_AGE_S"):
+        load_settings(planner_tick_s=15.0, planner_decision_max_age_s=20.0)
+    with pytest.raises(SettingsError, match="EVALFLEET_BOOTSTRAP_CEILING"):
+        load_settings(bootstrap_ceiling=0)

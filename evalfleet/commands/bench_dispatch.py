@@ -194,7 +194,8 @@ def _use(prefect_url: str, ledger_url: str, jobs: int) -> None:
     from tasks import ledger_io
 
     export_environment({"PREFECT_API_URL": prefect_url})
-    export_settings(database_url=ledger_url, static_cap=str(max(jobs, PLANNER_LIVE)))
+    cap = str(max(jobs, PLANNER_LIVE))  # no planner runs: the bootstrap ceiling admits them all
+    export_settings(database_url=ledger_url, static_cap=cap, bootstrap_ceiling=cap)
     prefect.context.refresh_global_settings_context()
     ledger_io.engine.cache_clear()
     ledger_io.sessions.cache_clear()

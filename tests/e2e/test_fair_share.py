@@ -80,6 +80,8 @@ def test_priorities_1_and_3_share_the_ceiling_1_to_3_then_the_survivor_takes_it_
     e2e_env, e2e_ledger_url, monkeypatch
 ) -> None:
     monkeypatch.setenv("EVALFLEET_IN_PROCESS_THREADS", "16")  # more threads than the ceiling
+    # the one decision written below stays in force for the whole test (no planner runs)
+    monkeypatch.setenv("EVALFLEET_PLANNER_DECISION_MAX_AGE_S", "3600")
     from evalfleet.settings import get_settings
 
     get_settings.cache_clear()
