@@ -25,10 +25,8 @@ import contextlib
 import json
 import multiprocessing
 import os
-import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -139,49 +137,19 @@ def _pg_database(admin_url: str, prefix: str) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _prefect_server(admin_url: str) -> Iterator[str]:
-    with _pg_database(admin_url, "evalfleet_bench_prefect") as db:
-        home = tempfile.mkdtemp(prefix="evalfleet-bench-prefect-")
-        port = free_port()
-        pg = make_url(admin_url).set(drivername="postgresql+asyncpg", database=db)
-        env = {
-            "HOME": home,
-            "PATH": str(Path(sys.executable).parent),
-            "PREFECT_HOME": home,
-            "PREFECT_API_DATABASE_CONNECTION_URL": pg.render_as_string(hide_password=False),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_UI_ENABLED": "false",
-            "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
-        }
-        log = (Path(home) / "server.log").open("wb")
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "server",
-                "start",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{port}/api"
-        try:
-            _wait_healthy(url + "/health", "the Prefect server", proc)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
-            shutil.rmtree(home, ignore_errors=True)
+    """A Prefect server on a fresh PostgreSQL database, with only its own environment."""
+    from evalfleet.embedded import prefect_server
+
+    with (
+        _pg_database(admin_url, "evalfleet_bench_prefect") as db,
+        prefect_server(
+            make_url(admin_url).set(database=db),
+            inherit_environment=False,
+            start_timeout_s=90.0,
+            poll_s=0.2,
+        ) as server,
+    ):
+        yield server.api_url
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,69 +104,27 @@ def _refresh_prefect_settings() -> None:
 @pytest.fixture(scope="session")
 def prefect_api_url() -> Iterator[str]:
     """One real Prefect server for the whole test session, on its own PostgreSQL database."""
-    db = _make_pg_database("evalfleet_prefect")
-    port = free_port()
-    home = tempfile.mkdtemp(prefix="evalfleet-prefect-server-")
-    env = {
-        **os.environ,
-        "PREFECT_HOME": home,
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://postgres@127.0.0.1:5432/{db}",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false",
-        "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
-    }
-    env.pop("PREFECT_API_URL", None)
-    log_path = Path(home) / "server.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/api"
-    import httpx
+    from evalfleet.embedded import PrefectServerError, prefect_server
 
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            tail = log_path.read_text(errors="replace")[-2000:]
-            _drop_pg_database(db)
-            pytest.fail(f"Prefect server did not start:\n{tail}")
-        time.sleep(0.5)
-    previous = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = url
-    _refresh_prefect_settings()
+    db = _make_pg_database("evalfleet_prefect")
     try:
-        yield url
+        with prefect_server(
+            f"postgresql+asyncpg://postgres@127.0.0.1:5432/{db}",
+            port=free_port(),
+            start_timeout_s=90.0,
+        ) as server:
+            previous = os.environ.get("PREFECT_API_URL")
+            os.environ["PREFECT_API_URL"] = server.api_url
+            _refresh_prefect_settings()
+            try:
+                yield server.api_url
+            finally:
+                if previous is None:
+                    os.environ.pop("PREFECT_API_URL", None)
+                else:
+                    os.environ["PREFECT_API_URL"] = previous
+                _refresh_prefect_settings()
+    except PrefectServerError as exc:
+        pytest.fail(str(exc))
     finally:
-        if previous is None:
-            os.environ.pop("PREFECT_API_URL", None)
-        else:
-            os.environ["PREFECT_API_URL"] = previous
-        _refresh_prefect_settings()
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
         _drop_pg_database(db)
-        shutil.rmtree(home, ignore_errors=True)

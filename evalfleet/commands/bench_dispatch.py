@@ -26,12 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -129,61 +124,6 @@ def group_cpu_s(pgid: int) -> dict[int, float]:
         if int(fields[2]) == pgid:
             used[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return used
-
-
-@contextmanager
-def prefect_server(database: URL) -> Iterator[tuple[str, int]]:
-    """``prefect server start`` on ``database`` (a free loopback port); yields (API URL, its
-    process group id); stopped on exit."""
-    import httpx
-
-    from evalfleet.settings import child_environment
-    from gateway.serving import free_port
-
-    home = Path(tempfile.mkdtemp(prefix="evalfleet-bench-prefect-"))
-    port = free_port()
-    async_url = database.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
-    env = child_environment(
-        PREFECT_HOME=str(home),
-        PREFECT_API_DATABASE_CONNECTION_URL=async_url,
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_UI_ENABLED="false",
-        PREFECT_SERVER_LOGGING_LEVEL="WARNING",
-    )
-    env.pop("PREFECT_API_URL", None)
-    log_path = home / "server.log"
-    with log_path.open("wb") as log:
-        command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
-        proc = subprocess.Popen(
-            [*command, "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}/api"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-1500:]
-                raise BenchError(f"the Prefect server did not start; its log ends:\n{tail}")
-            time.sleep(0.5)
-        yield url, proc.pid
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def _use(prefect_url: str, ledger_url: str, jobs: int) -> None:
@@ -414,11 +354,13 @@ def _prefect(pg_url: str, given: str | None) -> Iterator[tuple[str, str, int | N
     if given is not None:
         yield given, "given", None
         return
+    from evalfleet.embedded import prefect_server
+
     with (
         temporary_database(pg_url, "evalfleet_bench_prefect") as database,
-        prefect_server(database) as (url, pgid),
+        prefect_server(database) as server,
     ):
-        yield url, "started (PostgreSQL)", pgid
+        yield server.api_url, "started (PostgreSQL)", server.pid
 
 
 @click.command(name="dispatch")
