@@ -154,6 +154,8 @@ class PlannerDecision(Base):
     binding: Mapped[str] = mapped_column(String(32))
     projections: Mapped[dict[str, Any]] = mapped_column(JSON)
     budgets: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: the budget the fleet target was sized on (``planner.decision.Quantity``), if any
+    saturating: Mapped[str | None] = mapped_column(String(32))
 
 
 class PacerConfig(Base):
@@ -325,7 +327,9 @@ class PacerState(Base):
     as JSON), so a restarted planner loop continues where it stopped. Written by the planner loop
     only (``ledger.pacer_state``). ``config_version`` is the ``pacer_configs`` version the state
     follows (0: the alias file's seed): an operator edit re-initialises it. ``last_call_id`` is
-    the newest ``llm_calls`` id already observed."""
+    the newest ``llm_calls`` id already observed. ``overdrive`` is the saturation controller's
+    multiplier of the sizing overdrive (``planner.sizing.hold_overdrive``), ``busy_since`` when
+    the alias's current busy period began (the controller waits for the fleet to warm up)."""
 
     __tablename__ = "pacer_states"
 
@@ -334,4 +338,6 @@ class PacerState(Base):
     config_version: Mapped[int] = mapped_column(Integer)
     last_call_id: Mapped[int] = mapped_column(BigInteger)
     tick_at: Mapped[datetime] = mapped_column()
+    overdrive: Mapped[float] = mapped_column(Float, server_default="1.0")
+    busy_since: Mapped[datetime | None] = mapped_column()
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())

@@ -6,8 +6,12 @@ live here, so that ``tasks/plan.py`` stays a sequence of reads and writes:
 * ``pacer_states`` rows: a ``BudgetState`` as JSON (``state_to_json`` / ``state_from_json``;
   -inf, "never", is stored as null because PostgreSQL's JSON has no infinities), the
   ``pacer_configs`` version it follows, the newest ``llm_calls`` id already observed, the
-  tick time and the fleet's smoothed progress (pacer stretch). ``load_state`` / ``save_state``: a restarted loop continues with the same budgets,
-  cooldowns and 429 memory instead of re-seeding.
+  tick time and the fleet's smoothed progress (pacer stretch), and the saturation controller's
+  multiplier and warm-up start (``overdrive``, ``busy_since`` columns). ``load_state`` /
+  ``save_state``: a restarted loop continues with the same budgets, cooldowns, 429 memory and
+  overdrive instead of re-seeding.
+* ``previous_decision``: the binding and saturating budget of the alias's latest
+  ``planner_decisions`` row (whether the window since feeds the saturation controller).
 * ``read_window``: the ``llm_calls`` of one alias after the watermark id — 429s by limit type,
   overloads, spend errors (and the runs they hit), the counted usage of each budget class — and
   ``fresh_header_limits``: the provider's latest stated limits when they were observed after the
@@ -35,16 +39,18 @@ from sqlalchemy.dialects import postgresql, sqlite
 from evalfleet.errors import ConfigError
 from ledger.clock import as_utc
 from ledger.db import write_transaction
-from ledger.models import AliasObservation, LlmCall, PacerState
+from ledger.models import AliasObservation, LlmCall, PacerState, PlannerDecision
 from planner.budgets import BudgetClass, Budgets, BudgetState, SeedSource, TokenClass
 from planner.classify import LimitType
 
 __all__ = [
+    "PreviousDecision",
     "StoredState",
     "WindowCalls",
     "fresh_header_limits",
     "latest_call_id",
     "load_state",
+    "previous_decision",
     "read_window",
     "save_state",
     "state_from_json",
@@ -72,6 +78,17 @@ class StoredState:
     last_call_id: int
     tick_at: datetime
     progress: float = 1.0  # smoothed share of unthrottled speed (planner.sizing.FleetState)
+    overdrive: float = 1.0  # the saturation controller's multiplier (planner.sizing.hold_overdrive)
+    busy_since: datetime | None = None  # start of the alias's current busy period
+
+
+@dataclass(frozen=True)
+class PreviousDecision:
+    """What the alias's latest ``planner_decisions`` row says about its sizing."""
+
+    tick_at: datetime
+    binding: str
+    saturating: str | None
 
 
 @dataclass(frozen=True)
@@ -241,6 +258,8 @@ def load_state(conn: Connection, alias: str) -> StoredState | None:
             PacerState.config_version,
             PacerState.last_call_id,
             PacerState.tick_at,
+            PacerState.overdrive,
+            PacerState.busy_since,
         ).where(PacerState.alias == alias)
     ).first()
     if r is None:
@@ -249,6 +268,8 @@ def load_state(conn: Connection, alias: str) -> StoredState | None:
     progress = r.state.get("progress", 1.0) if isinstance(r.state, dict) else 1.0
     if isinstance(progress, bool) or not isinstance(progress, int | float) or not 0 < progress <= 1:
         raise ConfigError(source, [f"progress: must be in (0, 1], got {progress!r}"])
+    if not (math.isfinite(r.overdrive) and 0.5 <= r.overdrive <= 10.0):
+        raise ConfigError(source, [f"overdrive: must be within [0.5, 10], got {r.overdrive!r}"])
     return StoredState(
         alias=r.alias,
         state=state_from_json(r.state, source=source),
@@ -256,6 +277,8 @@ def load_state(conn: Connection, alias: str) -> StoredState | None:
         last_call_id=int(r.last_call_id),
         tick_at=as_utc(r.tick_at),
         progress=float(progress),
+        overdrive=float(r.overdrive),
+        busy_since=None if r.busy_since is None else as_utc(r.busy_since),
     )
 
 
@@ -267,6 +290,8 @@ def save_state(engine: Engine, stored: StoredState) -> None:
         "config_version": stored.config_version,
         "last_call_id": stored.last_call_id,
         "tick_at": stored.tick_at,
+        "overdrive": stored.overdrive,
+        "busy_since": stored.busy_since,
     }
     with write_transaction(engine) as conn:
         ins = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(PacerState)
@@ -278,6 +303,19 @@ def save_state(engine: Engine, stored: StoredState) -> None:
                 | {"updated_at": func.now()},
             )
         )
+
+
+def previous_decision(conn: Connection, alias: str) -> PreviousDecision | None:
+    """The alias's latest ``planner_decisions`` row (None before its first)."""
+    r = conn.execute(
+        select(PlannerDecision.tick_at, PlannerDecision.binding, PlannerDecision.saturating)
+        .where(PlannerDecision.alias == alias)
+        .order_by(PlannerDecision.id.desc())
+        .limit(1)
+    ).first()
+    if r is None:
+        return None
+    return PreviousDecision(tick_at=as_utc(r.tick_at), binding=r.binding, saturating=r.saturating)
 
 
 def latest_call_id(conn: Connection) -> int:

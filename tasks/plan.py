@@ -13,14 +13,17 @@ One tick, per alias with claimable runs (the clock is read by the flow and passe
    state is loaded from ``pacer_states`` (or seeded from the ``pacer_configs`` row, else the
    alias file's seed; an operator edit — a new ``pacer_configs`` version — re-seeds it),
    stepped with what the gateway recorded since the previous tick (429s by limit type,
-   overloads, spend errors, utilisation, headers observed since the last tick), and saved.
+   overloads, spend errors, utilisation, headers observed since the last tick), and saved; with
+   it the saturation controller's overdrive multiplier (``planner.sizing.hold_overdrive``, fed
+   the window's use of the budget the previous decision saturated).
 3. ``pause_for_spend`` — a spend or billing error pauses the runs it hit (ledger flag + audit).
 4. ``decide_all`` — ``planner.sizing.decide`` with the newest curve of the alias's harness
    (``ledger.curves.CurveCache``: a version written between two ticks is used at the next; a
    harness with no curve of its own uses the default harness's) or, when runs of several
    harnesses share the alias, their mix weighted by live + queued tasks (``MixedCurve``), the
-   controller's budgets, its cooldown and stale flags and the fleet's progress.
-5. ``record_decisions`` — one ``planner_decisions`` row per alias.
+   controller's budgets, its cooldown and stale flags, the fleet's progress and the sizing's
+   overdrive times the saturation controller's multiplier.
+5. ``record_decisions`` — one ``planner_decisions`` row per alias (with the saturating budget).
 6. ``push_pacer_limits`` — the budgets to the alias's Prefect global concurrency limits
    (``gateway.pacer_prefect.push_budgets``), which the gateway's Prefect pacer follows.
 """
@@ -31,7 +34,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -250,7 +253,8 @@ def decide_all(
             combined=s.state.token_class == "combined",
         )
         curve = _fleet_curve(fleet)
-        decisions[fleet.alias] = decide(state, curve, s.state.budgets, counting, fleet.caps, sizing)
+        tuned = replace(sizing, overdrive=sizing.overdrive * s.overdrive)
+        decisions[fleet.alias] = decide(state, curve, s.state.budgets, counting, fleet.caps, tuned)
     return decisions
 
 
@@ -303,7 +307,15 @@ def record_decisions(now: datetime, decisions: dict[str, Decision]) -> None:
     with engine().begin() as conn:
         conn.execute(
             insert(PlannerDecision),
-            [{"alias": a, "tick_at": now, **d.as_row()} for a, d in decisions.items()],
+            [
+                {
+                    "alias": a,
+                    "tick_at": now,
+                    **d.as_row(),
+                    "saturating": d.saturating.value if d.saturating is not None else None,
+                }
+                for a, d in decisions.items()
+            ],
         )
 
 
@@ -377,6 +389,7 @@ def decision_table(
                 "calls_per_s": round(d.budgets.get("calls_per_s", 0.0), 3),
                 "tokens_per_s": round(d.budgets.get("tokens_per_s", 0.0), 1),
                 "cut": ",".join(s.actions.cut) if s else "",
+                "overdrive": round(s.overdrive, 3) if s else 1.0,
                 "at": datetime.fromtimestamp(d.now, UTC).isoformat(timespec="seconds"),
             }
         )

@@ -12,6 +12,17 @@ previous tick, and saved — so a restarted loop continues with the same budgets
   ``WindowObservation``; a stale seed with fresh headers is re-seeded to the stated limits
   first. The fleet's progress (pacer stretch, ``planner.sizing.FleetState.progress``) is
   smoothed from the window's pacer waits and kept with the state.
+* The saturation controller (``planner.sizing.hold_overdrive``, as the simulator's planner
+  policy uses it): a curve's projection is an average, and a run whose tasks draw less than it
+  says leaves the limit idle with a fleet the curve calls big enough. The window's measured use
+  of the budget the previous decision sized the fleet on (``llm_calls`` counted by
+  ``read_window``: the gateway records every call) is fed to it when that window says something
+  about the curve: the previous decision was ``paced`` on a saturating budget, it was the
+  previous tick's, no cooldown froze the fleet, and the alias's busy period is past its warm-up
+  (boot + one mean task life: a fleet still filling up under-uses the budget whatever the
+  curve). The multiplier scales the sizing's overdrive; it is kept in ``pacer_states`` with
+  the busy period's start. A tick after a gap of ``BUSY_GAP_TICKS`` ticks starts a new busy
+  period at multiplier 1.
 
 Also here: the aliases in force and the per-process ``CurveCache`` (a curve version written
 between two ticks is used at the next one).
@@ -37,6 +48,7 @@ from ledger.clock import as_utc
 from ledger.curves import CurveCache, StoredCurve
 from ledger.models import PacerConfig
 from planner.budgets import (
+    BudgetClass,
     Budgets,
     BudgetState,
     ControllerActions,
@@ -49,10 +61,20 @@ from planner.budgets import (
 )
 from planner.classify import LimitType
 from planner.curves import DEFAULT_HARNESS, HarnessCurve
-from planner.sizing import Counting, SizingConfig, steady_state
+from planner.decision import Binding, Quantity
+from planner.sizing import Counting, OverdriveConfig, SizingConfig, hold_overdrive, steady_state
 from tasks.ledger_io import engine
 
 log = logging.getLogger(__name__)
+
+#: A tick this many planner ticks after the alias's previous one starts a new busy period.
+BUSY_GAP_TICKS = 3.0
+_BUDGET_CLASS = {
+    Quantity.CALLS.value: BudgetClass.REQUESTS,
+    Quantity.TOKENS.value: BudgetClass.TOKENS,
+    Quantity.OUTPUT_TOKENS.value: BudgetClass.OUTPUT_TOKENS,
+    Quantity.INFLIGHT_TOKENS.value: BudgetClass.INFLIGHT,
+}
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,7 @@ class BudgetStep:
     burst_s: float
     cooldown_s: float
     progress: float = 1.0
+    overdrive: float = 1.0  # the saturation controller's multiplier of the sizing's overdrive
 
 
 def aliases() -> Aliases:
@@ -147,6 +170,20 @@ def _reseeded(state: BudgetState, headers: dict[LimitType, float]) -> BudgetStat
     return replace(state, budgets=budgets)
 
 
+@dataclass(frozen=True)
+class _Prior:
+    """Where an alias's tick starts from (see ``_prior``)."""
+
+    state: BudgetState
+    after_id: int  # the ``llm_calls`` watermark
+    since: datetime  # headers observed after this are new
+    window_s: float
+    progress: float
+    overdrive: float
+    busy_since: datetime
+    tick_at: datetime | None  # the previous tick (None: first)
+
+
 def _prior(
     conn: Connection,
     alias: Alias,
@@ -154,15 +191,17 @@ def _prior(
     version: int,
     now: datetime,
     cfg: ControllerConfig,
-) -> tuple[BudgetState, int, datetime, float, float]:
-    """The state to step from, the ``llm_calls`` watermark, since when headers are new, the
-    window's length and the fleet's progress so far: the saved state (re-seeded if an operator edited the pacer since), or a
-    fresh seed that observes calls from now on and headers of the last ``stale_after_s``."""
+) -> _Prior:
+    """The saved state (re-seeded if an operator edited the pacer since), or a fresh seed that
+    observes calls from now on and headers of the last ``stale_after_s``; after a gap of
+    ``BUSY_GAP_TICKS`` ticks a new busy period (overdrive 1, warm-up from now)."""
     stored = pacer_state.load_state(conn, alias.name)
     if stored is None:
         state = _seeded(conn, alias, row, now, cfg)
         since = now - timedelta(seconds=cfg.stale_after_s)
-        return state, pacer_state.latest_call_id(conn), since, cfg.window_s, 1.0
+        return _Prior(
+            state, pacer_state.latest_call_id(conn), since, cfg.window_s, 1.0, 1.0, now, None
+        )
     state = stored.state
     if stored.config_version != version:  # an operator edited the pacer
         fresh = _seeded(conn, alias, row, now, cfg)
@@ -170,7 +209,45 @@ def _prior(
             fresh, cooldown_until=state.cooldown_until, backoff_until=state.backoff_until
         )
     window_s = max((now - stored.tick_at).total_seconds(), 1.0)
-    return state, stored.last_call_id, stored.tick_at, window_s, stored.progress
+    overdrive, busy_since = stored.overdrive, stored.busy_since or now
+    if window_s > BUSY_GAP_TICKS * cfg.window_s:
+        overdrive, busy_since = 1.0, now
+    return _Prior(
+        state,
+        stored.last_call_id,
+        stored.tick_at,
+        window_s,
+        stored.progress,
+        overdrive,
+        busy_since,
+        stored.tick_at,
+    )
+
+
+def held_overdrive(
+    prior: _Prior,
+    previous: pacer_state.PreviousDecision | None,
+    state: BudgetState,
+    utilisation: dict[BudgetClass, float],
+    now: datetime,
+    warmup_s: float,
+    config: OverdriveConfig | None = None,
+) -> float:
+    """The saturation controller's multiplier after this window (see the module docstring)."""
+    if (
+        previous is None
+        or prior.tick_at is None
+        or previous.binding != Binding.PACED.value
+        or previous.saturating not in _BUDGET_CLASS
+        or abs((previous.tick_at - prior.tick_at).total_seconds()) > 1.0
+        or state.in_cooldown(now.timestamp())
+        or (now - prior.busy_since).total_seconds() < warmup_s
+    ):
+        return prior.overdrive
+    util = utilisation.get(_BUDGET_CLASS[str(previous.saturating)])
+    if util is None:
+        return prior.overdrive
+    return hold_overdrive(prior.overdrive, util, config or OverdriveConfig())
 
 
 def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, BudgetStep]:
@@ -198,27 +275,37 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
                 window_s=min(max(settings.planner_tick_s, 1.0), 300.0), cooldown_s=cooldown_s
             )
             version = row.version if row is not None else 0
-            state, after_id, since, window_s, progress = _prior(conn, alias, row, version, now, cfg)
+            prior = _prior(conn, alias, row, version, now, cfg)
+            state = prior.state
             window = pacer_state.read_window(
                 conn,
                 name,
-                after_id,
+                prior.after_id,
                 token_class=state.token_class,
                 cached_input_counts=state.cached_input_counts,
             )
-            headers = pacer_state.fresh_header_limits(conn, name, since)
+            headers = pacer_state.fresh_header_limits(conn, name, prior.since)
+            previous = pacer_state.previous_decision(conn, name)
         if headers and state.is_stale(now.timestamp()):
             state = _reseeded(state, headers)
+        utilisation = window.utilisation(state.budgets, prior.window_s)
         obs = WindowObservation(
             now=now.timestamp(),
             throttles=tuple((lt, None) for lt in window.throttles),
             overloads=window.overloads,
             spend_errors=window.spend_errors,
             observed_limits=headers,
-            utilisation=window.utilisation(state.budgets, window_s),
+            utilisation=utilisation,
         )
         state, actions = step(state, obs, cfg)
-        progress = _smoothed(progress, window, curve_for(harness).curve, window_s)
+        curve = curve_for(harness).curve
+        progress = _smoothed(prior.progress, window, curve, prior.window_s)
+        warmup_s = SizingConfig().boot_s + curve.mean_duration_s()
+        overdrive = held_overdrive(prior, previous, state, utilisation, now, warmup_s)
+        if abs(overdrive - prior.overdrive) >= 0.05 * prior.overdrive:
+            log.info(
+                "alias %s: saturation overdrive x%.2f -> x%.2f", name, prior.overdrive, overdrive
+            )
         for note in actions.notes:
             log.info("alias %s: %s", name, note)
         pacer_state.save_state(
@@ -227,9 +314,11 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
                 alias=name,
                 state=state,
                 config_version=version,
-                last_call_id=max(window.last_call_id, after_id),
+                last_call_id=max(window.last_call_id, prior.after_id),
                 tick_at=now,
                 progress=progress,
+                overdrive=overdrive,
+                busy_since=prior.busy_since,
             ),
         )
         out[name] = BudgetStep(
@@ -240,6 +329,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             burst_s=burst_s,
             cooldown_s=cooldown_s,
             progress=progress,
+            overdrive=overdrive,
         )
     return out
 
