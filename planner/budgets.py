@@ -24,7 +24,12 @@ Rules, in the order ``step`` applies them:
    down to the seed when it was above it (``cut_to_seed``: with per-minute provider buckets a
    small overshoot shows up only minutes later, so the room found above the seed was not
    there). A class is cut at most once
-   per ``cooldown_s`` (429s of calls sent before the cut do not cut again). The level that drew
+   per ``cooldown_s`` (429s of calls sent before the cut do not cut again). A cut that follows
+   an earlier cut of the class within ``2 x cooldown_s`` (the provider kept rejecting through
+   a whole cooldown) goes at least down to ``(1 - probe_margin)`` x what the provider accepted
+   over that cooldown (``WindowObservation.delivered``): a provider rejecting calls has an
+   empty bucket, so what it accepts is its refill rate, the limit itself. Without it a limit
+   that halved with no headers took three cuts, each a cooldown of 429s. The level that drew
    the 429 is remembered for ``memory_s``.
 5. ``rebase_cuts`` cuts below the seed within ``rebase_period_s`` re-base that class's seed to
    the cut level (the provider's limit dropped): growth is then bounded by 1.5x the new seed and
@@ -41,7 +46,7 @@ Pure: the clock is ``obs.now``; no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Literal
@@ -202,6 +207,9 @@ class WindowObservation:
     (``PacerCore.take_usage(now).utilisation``); when given, only budgets used at least
     ``grow_min_utilisation`` grow (a budget nobody presses against proves nothing). None: every
     clean budget grows.
+    ``delivered``: per class, the rate the provider accepted (successful calls, their counted
+    tokens, their output tokens; per second) over the last ``cooldown_s``; read only by a
+    repeated cut (rule 4). None: cuts are by ``cut`` alone.
     """
 
     now: float
@@ -210,6 +218,7 @@ class WindowObservation:
     spend_errors: int = 0
     observed_limits: Mapping[LimitType, float] | None = None
     utilisation: Mapping[BudgetClass, float] | None = None
+    delivered: Mapping[BudgetClass, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -433,11 +442,13 @@ def step(
         cooldown_until = state.cooldown_until
         for lt, _ in rate_throttles:
             hit.update(_classes_hit(lt, state))
+        pressed = _pressed_classes(state, rate_throttles, obs.delivered)
         for cls in (c for c in state.budgets.classes() if c in hit):
             last = state.last_cut_at.get(cls, _NEG_INF)
             if now - last < config.cooldown_s:
                 continue  # 429s of calls sent before the last cut
-            state, did_rebase = _cut(state, cls, now, config)
+            delivered = obs.delivered.get(cls) if obs.delivered and cls in pressed else None
+            state, did_rebase = _cut(state, cls, now, config, delivered)
             cut.append(cls)
             notes.append(
                 f"{cls}: 429 at {state.last_429_level[cls]:.6g} -> cut to "
@@ -480,13 +491,51 @@ def step(
     )
 
 
+def _pressed_classes(
+    state: BudgetState,
+    throttles: Sequence[tuple[LimitType, float | None]],
+    delivered: Mapping[BudgetClass, float] | None,
+) -> set[BudgetClass]:
+    """The classes whose provider limit the 429s name, where what the provider accepted
+    measures that limit. An unknown 429 names none: then the class the provider accepted most
+    of, relative to its budget, is taken as the one it limits (the other classes' acceptance
+    is what their demand was, not a limit)."""
+    if not delivered:
+        return set()
+    named: set[BudgetClass] = set()
+    unknown = False
+    for lt, _ in throttles:
+        if lt is LimitType.UNKNOWN:
+            unknown = True
+        else:
+            named.update(_classes_hit(lt, state))
+    if unknown:
+        shares = {
+            cls: rate / level
+            for cls, rate in delivered.items()
+            if (level := state.budgets.get(cls)) is not None and level > 0
+        }
+        if shares:
+            named.add(max(shares, key=lambda cls: shares[cls]))
+    return named
+
+
 def _cut(
-    state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig
+    state: BudgetState,
+    cls: BudgetClass,
+    now: float,
+    config: ControllerConfig,
+    delivered: float | None = None,
 ) -> tuple[BudgetState, bool]:
     level = state.budgets.get(cls)
     seed_value = state.seed.get(cls)
     assert level is not None and seed_value is not None
     new_value = level * config.cut
+    if delivered is not None and delivered > 0:
+        previous = state.last_cut_at.get(cls, _NEG_INF)
+        if now - previous <= 2.0 * config.cooldown_s:
+            # rejected through a whole cooldown: what the provider accepted is its limit
+            new_value = min(new_value, delivered * (1.0 - config.probe_margin))
     if config.cut_to_seed and level > seed_value:
         new_value = min(new_value, seed_value)  # the room above the seed was not there
     new_value = max(new_value, seed_value * config.min_fraction)

@@ -15,6 +15,7 @@ provider's limit classes (which exist, not their values), headers and 429s.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -192,10 +193,20 @@ class PlannerPolicy:
         self.decisions: list[Decision] = []
         self.overdrive = OverdriveConfig()
         self.overdrive_factor = 1.0
+        # (response time, call) of the provider's successes over the last cooldown
+        self._accepted: deque[tuple[float, int]] = deque()
+        counted = workload.input - (0 if ac.cached_input_counts else workload.cached)
+        if self.token_class == "combined":
+            counted = counted + workload.output
+        self._counted = counted.tolist()
+        self._output = workload.output.tolist()
 
     def on_response(self, now: float, call: int, classification: Classification | None) -> None:
         if classification is None:
             self._answered += 1
+            self._accepted.append((now, call))
+            while self._accepted[0][0] < now - self.controller.cooldown_s:
+                self._accepted.popleft()
             return
         throttle = (classification.limit_type, classification.retry_after_s)
         if self.state.in_cooldown(now):
@@ -205,9 +216,24 @@ class PlannerPolicy:
         # controller): cut and freeze now, not up to a window later while the pacer keeps
         # sending into an empty provider bucket.
         self.state, _ = step(
-            self.state, WindowObservation(now=now, throttles=(throttle,)), self.controller
+            self.state,
+            WindowObservation(now=now, throttles=(throttle,), delivered=self._delivered(now)),
+            self.controller,
         )
         self.pacer.set_budgets(self.state.budgets, now)
+
+    def _delivered(self, now: float) -> dict[BudgetClass, float]:
+        """What the provider accepted over the last cooldown, per budget class, per second."""
+        span = self.controller.cooldown_s
+        while self._accepted and self._accepted[0][0] < now - span:
+            self._accepted.popleft()
+        calls = [c for _, c in self._accepted]
+        counted = sum(self._counted[c] for c in calls)
+        output = sum(self._output[c] for c in calls)
+        out = {BudgetClass.REQUESTS: len(calls) / span, BudgetClass.TOKENS: counted / span}
+        if self.state.budgets.output_tokens_per_s is not None:
+            out[BudgetClass.OUTPUT_TOKENS] = output / span
+        return out
 
     def _update_progress(self) -> None:
         """Smoothed share of unthrottled speed: 1 / (1 + pacer wait per call / mean gap)."""
@@ -240,7 +266,12 @@ class PlannerPolicy:
         if self._answered or self._throttles:
             view = self.headers_now(now)
             observed = dict(view.limits) if view is not None and view.limits else None
-        obs = WindowObservation(now=now, throttles=tuple(self._throttles), observed_limits=observed)
+        obs = WindowObservation(
+            now=now,
+            throttles=tuple(self._throttles),
+            observed_limits=observed,
+            delivered=self._delivered(now) if self._throttles else None,
+        )
         self._throttles.clear()
         self._answered = 0
         self.state, actions = step(self.state, obs, self.controller)

@@ -317,3 +317,38 @@ def test_a_429_above_the_seed_cuts_back_to_the_seed() -> None:
         s2, _ = step(s2, WindowObservation(now=15.0 * i), plain)
     s2, _ = step(s2, WindowObservation(now=150.0, throttles=((LimitType.TOKENS, None),)), plain)
     assert s2.budgets.tokens_per_s > SEED.tokens_per_s
+
+
+def test_a_repeated_cut_goes_down_to_what_the_provider_accepted() -> None:
+    # The limit halved (no headers): the first cut (x0.75) is not enough, the provider keeps
+    # rejecting through the cooldown, and what it accepted meanwhile is its limit.
+    first, _ = window(fresh(), 15.0, LimitType.TOKENS, delivered={BudgetClass.TOKENS: 24_000.0})
+    assert first.budgets.tokens_per_s == pytest.approx(25_000.0 * CFG.cut)  # first: by `cut`
+    accepted = {BudgetClass.TOKENS: 12_500.0, BudgetClass.REQUESTS: 3.0}
+    second, a = window(first, 15.0 + CFG.cooldown_s, LimitType.TOKENS, delivered=accepted)
+    assert BudgetClass.TOKENS in a.cut
+    assert second.budgets.tokens_per_s == pytest.approx(12_500.0 * (1 - CFG.probe_margin))
+    # the request budget was not hit: its (demand-limited) acceptance is not a limit
+    assert second.budgets.calls_per_s == first.budgets.calls_per_s
+
+
+def test_a_cut_long_after_the_last_uses_the_cut_factor_only() -> None:
+    first, _ = window(fresh(), 15.0, LimitType.TOKENS)
+    later = 15.0 + 3 * CFG.cooldown_s
+    s, _ = window(first, later, LimitType.TOKENS, delivered={BudgetClass.TOKENS: 1_000.0})
+    assert s.budgets.tokens_per_s == pytest.approx(first.budgets.tokens_per_s * CFG.cut)
+
+
+def test_an_unknown_repeated_429_measures_only_the_most_pressed_class() -> None:
+    first, _ = window(fresh(), 15.0, LimitType.UNKNOWN)
+    # tokens accepted at ~80% of their budget, requests at 10%: tokens are the limit hit
+    accepted = {
+        BudgetClass.TOKENS: 0.8 * first.budgets.tokens_per_s * 0.6,
+        BudgetClass.REQUESTS: 0.1 * first.budgets.calls_per_s,
+        BudgetClass.OUTPUT_TOKENS: 0.2 * (first.budgets.output_tokens_per_s or 0.0),
+    }
+    s, _ = window(first, 15.0 + CFG.cooldown_s, LimitType.UNKNOWN, delivered=accepted)
+    assert s.budgets.tokens_per_s == pytest.approx(
+        accepted[BudgetClass.TOKENS] * (1 - CFG.probe_margin)
+    )
+    assert s.budgets.calls_per_s == pytest.approx(first.budgets.calls_per_s * CFG.cut)
