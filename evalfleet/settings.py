@@ -70,6 +70,14 @@ class Settings(BaseSettings):
     planner_tick_s: float = Field(
         default=15.0, ge=1.0, le=300.0, description="Seconds between planner ticks."
     )
+    planner_boot_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        le=3600.0,
+        description="Seconds a fleet slot spends per task not running the harness (claim to the "
+        "first LLM call, plus landing) that the planner sizes with: ~60 on ECS/Fargate, a few "
+        "with the in-process launcher.",
+    )
     supervisor_tick_s: float = Field(
         default=30.0, ge=1.0, le=600.0, description="Seconds between supervisor ticks."
     )

@@ -52,9 +52,16 @@ from ledger.pauses import set_pause
 from planner.budgets import Budgets
 from planner.curves import HarnessCurve
 from planner.decision import Decision
-from planner.sizing import Caps, Counting, Curve, FleetState, FloatArray, SizingConfig, decide
+from planner.sizing import Caps, Counting, Curve, FleetState, FloatArray, decide
 from tasks.ledger_io import engine
-from tasks.plan_budgets import BudgetStep, advance_budgets, aliases, curve_cache, curve_for
+from tasks.plan_budgets import (
+    BudgetStep,
+    advance_budgets,
+    aliases,
+    curve_cache,
+    curve_for,
+    sizing_config,
+)
 
 __all__ = [
     "AliasFleet",
@@ -231,7 +238,7 @@ def decide_all(
     now: datetime, fleets: list[AliasFleet], steps: dict[str, BudgetStep]
 ) -> dict[str, Decision]:
     """One decision per alias the controller stepped (pure but for the curve reads)."""
-    sizing = SizingConfig()
+    sizing = sizing_config()
     t = now.timestamp()
     decisions: dict[str, Decision] = {}
     for fleet in fleets:

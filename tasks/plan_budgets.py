@@ -97,6 +97,11 @@ def aliases() -> Aliases:
     return load_aliases(s.aliases_file, provider_sim_url=s.provider_sim_url)
 
 
+def sizing_config() -> SizingConfig:
+    """The planner's sizing constants, with the settings' boot time (``planner_boot_s``)."""
+    return SizingConfig(boot_s=get_settings().planner_boot_s)
+
+
 @functools.cache
 def curve_cache(eng: Engine) -> CurveCache:
     """One ``CurveCache`` per process (and ledger engine)."""
@@ -300,7 +305,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
         state, actions = step(state, obs, cfg)
         curve = curve_for(harness).curve
         progress = _smoothed(prior.progress, window, curve, prior.window_s)
-        warmup_s = SizingConfig().boot_s + curve.mean_duration_s()
+        warmup_s = sizing_config().boot_s + curve.mean_duration_s()
         overdrive = held_overdrive(prior, previous, state, utilisation, now, warmup_s)
         if abs(overdrive - prior.overdrive) >= 0.05 * prior.overdrive:
             log.info(
@@ -339,7 +344,7 @@ def _smoothed(
 ) -> float:
     """The fleet's progress, smoothed over about one task lifetime (as ``sim.planner_policy``):
     1 / (1 + pacer wait per call / a task's mean gap between calls)."""
-    sizing = SizingConfig()
+    sizing = sizing_config()
     gap = steady_state(curve, Counting(), sizing.boot_s, sizing.integration_age_s).mean_gap_s
     measured = window.stretch_progress(gap)
     if measured is None:

@@ -168,3 +168,22 @@ def test_a_stored_overdrive_out_of_bounds_is_a_config_error(plan_ledger: Engine)
         conn.execute(update(PacerState).where(PacerState.alias == ALIAS).values(overdrive=50.0))
     with pytest.raises(ConfigError, match="overdrive"):
         stored(plan_ledger)
+
+
+def test_the_planner_sizes_with_the_settings_boot_time(
+    plan_ledger: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from evalfleet.settings import get_settings
+    from tasks import plan_budgets
+
+    add_run(plan_ledger, running=3, queued=200)
+    fleets = plan.read_fleet(T0, False)
+    steps = plan.advance_budgets(T0, {f.alias: f.harness for f in fleets})
+    fargate = plan.decide_all(T0, fleets, steps)[ALIAS]
+    assert plan_budgets.sizing_config().boot_s == 60.0
+    monkeypatch.setenv("EVALFLEET_PLANNER_BOOT_S", "5")
+    get_settings.cache_clear()
+    assert plan_budgets.sizing_config().boot_s == 5.0
+    local = plan.decide_all(T0, fleets, steps)[ALIAS]
+    # slots that are not a minute booting per task each draw more: fewer are needed
+    assert local.target < fargate.target

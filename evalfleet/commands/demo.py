@@ -28,10 +28,24 @@ import click
 from evalfleet.errors import EvalfleetError
 
 # Small limits so that the pacer and the provider bind within a couple of minutes.
-PROVIDER_RPM = 480.0  # 8 calls/s: below the pacer, so some 429s show
+PROVIDER_RPM = 480.0  # 8 calls/s: below the pacer's seed; the provider's headers cap the budget
 PACER_CALLS_PER_S = 10.0
 PACER_TOKENS_PER_S = 20_000.0
-HARNESS_OPTIONS = {"calls_median": 5, "calls_sigma": 0.4, "think_s": 2.0, "token_scale": 0.15}
+#: The demo's instances (the shipped ``simulated`` curve is fitted for these options:
+#: ``evalfleet curves fit-simulated``): ~5.5 calls each, ~0.44 calls/s while running.
+HARNESS_OPTIONS: dict[str, Any] = {
+    "calls_median": 5,
+    "calls_sigma": 0.4,
+    "think_s": 2.0,
+    "token_scale": 0.15,
+}
+#: Live instances at most (static cap = in-process threads): room for the planner's ceiling to
+#: bind below it. Measured here an instance draws ~0.27 calls/s over its whole life (boot and
+#: landing included), so 8 calls/s needs ~30 live; at 24 the static cap bound instead.
+FLEET_CAP = 40
+#: A slot's time per task outside the harness with the in-process launcher, as measured here:
+#: claim to first call ~6 s on average (up to ~20 s for the first wave), landing ~3 s.
+PLANNER_BOOT_S = 8.0
 
 
 class DemoError(EvalfleetError):
@@ -132,11 +146,12 @@ def demo(instances: int, prefect_db: str | None) -> None:
             gateway_url=f"http://127.0.0.1:{gw_port}",
             aliases_file=str(aliases_file),
             planner_tick_s="5",
+            planner_boot_s=str(PLANNER_BOOT_S),
             supervisor_tick_s="5",
             heartbeat_s="5",
             visibility_timeout_s="60",
-            static_cap="24",
-            in_process_threads="24",
+            static_cap=str(FLEET_CAP),
+            in_process_threads=str(FLEET_CAP),
             dispatch_tick_s="0.5",
         )
         _run_demo(out, instances, admin_key, sim_port, gw_port)

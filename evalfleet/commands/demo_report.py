@@ -2,12 +2,15 @@
 
 Timeline panels (shared time axis, seconds since the run started): live fleet (instances
 between first claim and terminal row) with the planner's ceiling; calls/s with the pacer's
-budget and the provider's limit; input tokens/s with the token budget; 429s per bucket.
+budget (as each planner decision set it: the seed until the provider's headers cap it) and the
+provider's limit; input tokens/s with the token budget; 429s per bucket.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from sqlalchemy import select
@@ -80,11 +83,11 @@ def timeline_png(
         )
         decisions = pd.DataFrame(
             conn.execute(
-                select(PlannerDecision.tick_at, PlannerDecision.ceiling).where(
-                    PlannerDecision.alias == alias
-                )
+                select(PlannerDecision.tick_at, PlannerDecision.ceiling, PlannerDecision.budgets)
+                .where(PlannerDecision.alias == alias)
+                .order_by(PlannerDecision.id)
             ).all(),
-            columns=["at", "ceiling"],
+            columns=["at", "ceiling", "budgets"],
         )
     t0 = pd.to_datetime(inst["start"].min(), utc=True)
 
@@ -105,13 +108,13 @@ def timeline_png(
     buckets = (secs(ok["at"]) // BUCKET_S) * BUCKET_S if not ok.empty else pd.Series(dtype=float)
     rate = ok.groupby(buckets).size() / BUCKET_S if not ok.empty else pd.Series(dtype=float)
     axes[1].plot(rate.index, rate.values, label="calls/s")
-    axes[1].axhline(calls_budget, color="tab:orange", linestyle="--", label="pacer budget")
+    _budget_line(axes[1], decisions, secs, "calls_per_s", calls_budget)
     axes[1].axhline(provider_calls_per_s, color="tab:red", linestyle=":", label="provider limit")
     axes[1].set_ylabel("calls/s")
     axes[1].legend(loc="upper right")
     tokens = ok.groupby(buckets)["input_tokens"].sum() / BUCKET_S if not ok.empty else rate
     axes[2].plot(tokens.index, tokens.values, color="tab:green", label="input tokens/s")
-    axes[2].axhline(tokens_budget, color="tab:orange", linestyle="--", label="token budget")
+    _budget_line(axes[2], decisions, secs, "tokens_per_s", tokens_budget, "token budget")
     axes[2].set_ylabel("tokens/s")
     axes[2].legend(loc="upper right")
     limited = calls[calls["status"] == 429]
@@ -126,3 +129,23 @@ def timeline_png(
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _budget_line(
+    ax: Any,
+    decisions: pd.DataFrame,
+    secs: Callable[[pd.Series], pd.Series],
+    name: str,
+    seed: float,
+    label: str = "pacer budget",
+) -> None:
+    """The budget each planner decision used (a step line), or the seed before any decision."""
+    values = [
+        b.get(name) if isinstance(b, dict) else None for b in decisions.get("budgets", pd.Series())
+    ]
+    if decisions.empty or all(v is None for v in values):
+        ax.axhline(seed, color="tab:orange", linestyle="--", label=label)
+        return
+    ax.step(
+        secs(decisions["at"]), values, where="post", color="tab:orange", linestyle="--", label=label
+    )
