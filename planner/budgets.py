@@ -40,6 +40,7 @@ Rules, in the order ``step`` applies them:
    budget by ``growth`` up to min(max_over_seed x seed, hard cap, recent 429 level x (1 -
    probe_margin)).
 
+The types (budgets, config, state, observation) live in ``planner.budget_state``.
 Pure: the clock is ``obs.now``; no I/O.
 """
 
@@ -47,11 +48,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
-from enum import StrEnum
-from typing import Literal
+from dataclasses import replace
 
-from evalfleet.errors import ConfigError
+from planner.budget_state import (
+    NEG_INF,
+    BudgetClass,
+    Budgets,
+    BudgetState,
+    ControllerActions,
+    ControllerConfig,
+    SeedSource,
+    TokenClass,
+    WindowObservation,
+)
 from planner.classify import LimitType
 
 __all__ = [
@@ -68,170 +77,6 @@ __all__ = [
     "rebase",
     "step",
 ]
-
-SeedSource = Literal["config", "headers", "operator", "controller"]
-TokenClass = Literal["input", "combined"]
-
-
-class BudgetClass(StrEnum):
-    REQUESTS = "requests"
-    TOKENS = "tokens"  # the alias's counted input (or combined) token class
-    OUTPUT_TOKENS = "output_tokens"
-    INFLIGHT = "inflight_tokens"
-
-
-_FIELD_OF = {
-    BudgetClass.REQUESTS: "calls_per_s",
-    BudgetClass.TOKENS: "tokens_per_s",
-    BudgetClass.OUTPUT_TOKENS: "output_tokens_per_s",
-    BudgetClass.INFLIGHT: "inflight_tokens",
-}
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """Pacer budgets: rates per second, and in-flight tokens (a level)."""
-
-    calls_per_s: float
-    tokens_per_s: float
-    output_tokens_per_s: float | None
-    inflight_tokens: float
-
-    def __post_init__(self) -> None:
-        problems = []
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if v is None and f.name == "output_tokens_per_s":
-                continue
-            if not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-                problems.append(f"{f.name}: must be a positive finite number, got {v!r}")
-        if problems:
-            raise ConfigError("budgets", problems)
-
-    def get(self, cls: BudgetClass) -> float | None:
-        value: float | None = getattr(self, _FIELD_OF[cls])
-        return value
-
-    def with_value(self, cls: BudgetClass, value: float) -> Budgets:
-        return replace(self, **{_FIELD_OF[cls]: value})
-
-    def classes(self) -> tuple[BudgetClass, ...]:
-        """The classes this alias budgets (output tokens only when configured)."""
-        return tuple(c for c in BudgetClass if self.get(c) is not None)
-
-
-def _bounded(name: str, value: float, lo: float, hi: float, problems: list[str]) -> None:
-    if not (lo <= value <= hi):
-        problems.append(f"{name}: must be within [{lo}, {hi}], got {value!r}")
-
-
-@dataclass(frozen=True)
-class ControllerConfig:
-    """Controller constants; each default is bounded (``ConfigError`` names the field)."""
-
-    window_s: float = 15.0  # one planner tick [1, 300]
-    growth: float = 0.05  # per clean window (0, 0.5]
-    max_over_seed: float = 1.5  # growth ceiling, multiple of the seed [1, 4]
-    cut: float = 0.75  # budget multiplier on a 429 [0.1, 0.95]
-    cooldown_s: float = 30.0  # launch freeze after a 429; one cut per class per cooldown [0, 600]
-    max_freeze_s: float = 300.0  # bound on a freeze stretched by retry-after [0, 3600]
-    memory_s: float = 3600.0  # how long a level that drew a 429 caps growth [0, 86400]
-    probe_margin: float = 0.05  # growth stays this far below a recent 429 level [0, 0.5]
-    rebase_cuts: int = 2  # cuts below the seed ... [1, 20]
-    rebase_period_s: float = 1800.0  # ... within this period re-base the seed [0, 86400]
-    overload_backoff_s: float = 30.0  # back-off after 529/503 [0, 3600]
-    stale_after_s: float = 6 * 3600.0  # seed age after which it is stale [60, 30 days]
-    min_fraction: float = 0.01  # floor of any budget, as a share of its seed (0, 1]
-    grow_min_utilisation: float = 0.8  # growth needs this share of the budget used [0, 1]
-    cut_to_seed: bool = True  # a 429 above the seed cuts to the seed at least
-
-    def __post_init__(self) -> None:
-        p: list[str] = []
-        _bounded("window_s", self.window_s, 1.0, 300.0, p)
-        _bounded("growth", self.growth, 1e-6, 0.5, p)
-        _bounded("max_over_seed", self.max_over_seed, 1.0, 4.0, p)
-        _bounded("cut", self.cut, 0.1, 0.95, p)
-        _bounded("cooldown_s", self.cooldown_s, 0.0, 600.0, p)
-        _bounded("max_freeze_s", self.max_freeze_s, 0.0, 3600.0, p)
-        _bounded("memory_s", self.memory_s, 0.0, 86400.0, p)
-        _bounded("probe_margin", self.probe_margin, 0.0, 0.5, p)
-        _bounded("rebase_cuts", self.rebase_cuts, 1, 20, p)
-        _bounded("rebase_period_s", self.rebase_period_s, 0.0, 86400.0, p)
-        _bounded("overload_backoff_s", self.overload_backoff_s, 0.0, 3600.0, p)
-        _bounded("stale_after_s", self.stale_after_s, 60.0, 30 * 86400.0, p)
-        _bounded("min_fraction", self.min_fraction, 1e-6, 1.0, p)
-        _bounded("grow_min_utilisation", self.grow_min_utilisation, 0.0, 1.0, p)
-        if p:
-            raise ConfigError("controller config", p)
-
-
-_NEG_INF = -math.inf
-
-
-@dataclass(frozen=True)
-class BudgetState:
-    """Everything the controller remembers about one alias. All budgets are > 0."""
-
-    seed: Budgets
-    budgets: Budgets
-    seeded_at: float
-    seed_source: SeedSource
-    token_class: TokenClass
-    cached_input_counts: bool
-    stale_after_s: float = 6 * 3600.0
-    cooldown_until: float = _NEG_INF
-    backoff_until: float = _NEG_INF
-    hard_caps: Mapping[BudgetClass, float] = field(default_factory=dict)  # per second
-    last_429_level: Mapping[BudgetClass, float] = field(default_factory=dict)
-    last_429_at: Mapping[BudgetClass, float] = field(default_factory=dict)
-    last_cut_at: Mapping[BudgetClass, float] = field(default_factory=dict)
-    cuts_below_seed: Mapping[BudgetClass, tuple[float, ...]] = field(default_factory=dict)
-    observed: Mapping[BudgetClass, float] = field(default_factory=dict)  # header limits /s
-    observed_at: float | None = None
-
-    def in_cooldown(self, now: float) -> bool:
-        """Launches are frozen: after a 429 (cooldown) or an overload (backoff)."""
-        return now < self.cooldown_until or now < self.backoff_until
-
-    def is_stale(self, now: float) -> bool:
-        return now - self.seeded_at > self.stale_after_s
-
-
-@dataclass(frozen=True)
-class WindowObservation:
-    """What the gateway saw for one alias in one planner window ending at ``now``.
-
-    ``observed_limits``: the latest rate-limit header limits per class, PER MINUTE as the
-    headers state them (``Classification.limits``), or None when no header was seen.
-    ``utilisation``: the share of each budget the pacer admitted over the window
-    (``PacerCore.take_usage(now).utilisation``); when given, only budgets used at least
-    ``grow_min_utilisation`` grow (a budget nobody presses against proves nothing). None: every
-    clean budget grows.
-    ``delivered``: per class, the rate the provider accepted (successful calls, their counted
-    tokens, their output tokens; per second) over the last ``cooldown_s``; read only by a
-    repeated cut (rule 4). None: cuts are by ``cut`` alone.
-    """
-
-    now: float
-    throttles: tuple[tuple[LimitType, float | None], ...] = ()
-    overloads: int = 0
-    spend_errors: int = 0
-    observed_limits: Mapping[LimitType, float] | None = None
-    utilisation: Mapping[BudgetClass, float] | None = None
-    delivered: Mapping[BudgetClass, float] | None = None
-
-
-@dataclass(frozen=True)
-class ControllerActions:
-    pause_run: bool = False
-    backoff_until: float | None = None
-    cooldown_until: float | None = None
-    reseeded: bool = False
-    stale: bool = False
-    cut: tuple[BudgetClass, ...] = ()
-    grown: tuple[BudgetClass, ...] = ()
-    rebased: tuple[BudgetClass, ...] = ()
-    notes: tuple[str, ...] = ()
 
 
 def header_budgets(
@@ -444,7 +289,7 @@ def step(
             hit.update(_classes_hit(lt, state))
         pressed = _pressed_classes(state, rate_throttles, obs.delivered)
         for cls in (c for c in state.budgets.classes() if c in hit):
-            last = state.last_cut_at.get(cls, _NEG_INF)
+            last = state.last_cut_at.get(cls, NEG_INF)
             if now - last < config.cooldown_s:
                 continue  # 429s of calls sent before the last cut
             delivered = obs.delivered.get(cls) if obs.delivered and cls in pressed else None
@@ -532,7 +377,7 @@ def _cut(
     assert level is not None and seed_value is not None
     new_value = level * config.cut
     if delivered is not None and delivered > 0:
-        previous = state.last_cut_at.get(cls, _NEG_INF)
+        previous = state.last_cut_at.get(cls, NEG_INF)
         if now - previous <= 2.0 * config.cooldown_s:
             # rejected through a whole cooldown: what the provider accepted is its limit
             new_value = min(new_value, delivered * (1.0 - config.probe_margin))
