@@ -3,8 +3,12 @@
 ``--scenario FILE`` (repeatable) or ``--all`` (every file in the project's ``scenarios/``),
 ``--policy`` (repeatable: planner, aimd, fixed:N; default: the scenario's ``policies`` or
 planner, aimd and three fixed:N), ``--json`` (one JSON object per scenario per line:
-``{"scenario": NAME, "results": {POLICY: {...}}}``). ``--decision-speed`` measures one planner
-decision for 10,000 live tasks instead. Bad scenario files are a clear error, not a traceback.
+``{"scenario": NAME, "results": {POLICY: {...}}}``, the issue's format). ``--random N`` adds N
+scenarios drawn by ``sim.generate.random_scenario`` (seeds 0..N-1, or from ``--random-from``):
+scenarios the planner was not tuned on. Under every table a verdict line names each target of
+the benchmark the planner missed (``sim.targets``), and a final line counts the scenarios that met
+them all. ``--decision-speed`` measures one planner decision for 10,000 live tasks instead. Bad
+scenario files are a clear error, not a traceback.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from sim.metrics import COLUMNS
 SCENARIO_DIR = PROJECT_ROOT / "scenarios"
 
 
-def _scenario_files(files: tuple[Path, ...], all_: bool) -> list[Path]:
+def _scenario_files(files: tuple[Path, ...], all_: bool, random_n: int) -> list[Path]:
     paths = list(files)
     if all_:
         paths += sorted(SCENARIO_DIR.glob("*.yaml"))
-    if not paths:
-        raise ConfigError("bench planner", ["give --scenario FILE (repeatable) or --all"])
+    if not paths and random_n == 0:
+        raise ConfigError(
+            "bench planner", ["give --scenario FILE (repeatable), --all or --random N"]
+        )
     return paths
 
 
@@ -100,6 +106,19 @@ def measure_decision_speed(live: int = 10_000, repeats: int = 50) -> dict[str, f
 @click.option("--policy", "policies", multiple=True, help="planner, aimd or fixed:N; repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per scenario per line.")
 @click.option(
+    "--random",
+    "random_n",
+    type=click.IntRange(0, 1000),
+    default=0,
+    help="Also N random scenarios of the public format (sim.generate), unseen by the tuning.",
+)
+@click.option(
+    "--random-from",
+    type=click.IntRange(0, 10**9),
+    default=0,
+    help="First seed of the --random scenarios (default 0).",
+)
+@click.option(
     "--decision-speed", is_flag=True, help="Time one planner decision for 10,000 live tasks."
 )
 def bench_planner(
@@ -107,11 +126,15 @@ def bench_planner(
     all_: bool,
     policies: tuple[str, ...],
     as_json: bool,
+    random_n: int,
+    random_from: int,
     decision_speed: bool,
 ) -> None:
     """Simulate scenarios under the planner and the baselines; print the results table."""
     from sim.bench import run_scenario
+    from sim.generate import random_scenario
     from sim.scenario import check_policy, load_scenario
+    from sim.targets import violations
 
     if decision_speed:
         figures = measure_decision_speed()
@@ -125,16 +148,28 @@ def bench_planner(
             )
         return
     names = [check_policy(p) for p in policies] or None
-    loaded = [load_scenario(path) for path in _scenario_files(scenarios, all_)]
+    loaded = [load_scenario(path) for path in _scenario_files(scenarios, all_, random_n)]
+    loaded += [random_scenario(seed) for seed in range(random_from, random_from + random_n)]
+    met = judged = 0
     for scenario in loaded:
         result = run_scenario(scenario, names)
+        missed = violations(result.results) if "planner" in result.results else None
+        if missed is not None:
+            judged += 1
+            met += not missed
         if as_json:
             click.echo(json.dumps(result.as_json()))
-        else:
+            continue
+        click.echo(
+            _format_table(scenario.name, result.results, result.sim_seconds, result.cpu_seconds)
+        )
+        if missed is not None:
             click.echo(
-                _format_table(scenario.name, result.results, result.sim_seconds, result.cpu_seconds)
+                "  targets: " + ("all met" if not missed else "MISSED: " + "; ".join(missed))
             )
-            click.echo()
+        click.echo()
+    if judged and not as_json:
+        click.echo(f"planner met every target on {met} of {judged} scenarios")
 
 
 def register(root: click.Group) -> None:

@@ -14,13 +14,12 @@ weakness (docs/bench-planner.md) and fails loudly once the planner is fixed.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from sim.bench import run_scenario
 from sim.generate import random_scenario
 from sim.metrics import lower_bound
+from sim.targets import violations as _violations
 from sim.workload import build_workload
 
 pytestmark = pytest.mark.slow
@@ -39,31 +38,6 @@ SEEDS = [
     4,
     5,
 ]
-
-
-def _violations(results: dict[str, dict[str, Any]]) -> list[str]:
-    """Every target of the issue the planner's row misses against the others."""
-    ours = results["planner"]
-    out: list[str] = []
-    if ours["makespan_s"] is None:
-        return ["planner stalled"]
-    if ours["ratio"] > 1.20:
-        out.append(f"planner ratio {ours['ratio']} > 1.20")
-    if ours["rate_429"] > 0.005:
-        out.append(f"planner rate_429 {ours['rate_429']} > 0.005")
-    for name, row in results.items():
-        if name == "planner" or row["makespan_s"] is None:
-            continue  # a stalled baseline never finishes: the planner is faster
-        if ours["makespan_s"] > 1.05 * row["makespan_s"]:
-            out.append(f"planner {ours['makespan_s']} s > 1.05x {name} {row['makespan_s']} s")
-        elif ours["makespan_s"] > 0.95 * row["makespan_s"]:
-            allowed = max(row["http_429"] / 10.0, 0.001 * ours["calls"])
-            if ours["http_429"] > allowed:
-                out.append(
-                    f"planner not 5% faster than {name} and drew {ours['http_429']} 429s "
-                    f"(> a tenth of its {row['http_429']}, > 0.1% of calls)"
-                )
-    return out
 
 
 def test_generated_scenarios_are_limit_bound_and_varied() -> None:

@@ -371,3 +371,28 @@ def test_decision_speed_command() -> None:
     assert code == 0
     figures = json.loads(out.strip().splitlines()[-1])["decision_speed"]
     assert figures["live_tasks"] == 10_000 and figures["median_ms"] > 0
+
+
+def test_command_prints_a_target_verdict_under_each_table(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(parametric(instances=40)))
+    # fixed:1 is so slow that the planner beats it; a planner-only run has nothing to lose to
+    code, out = _cli(
+        ["bench", "planner", "--scenario", str(path), "--policy", "planner", "--policy", "fixed:1"]
+    )
+    assert code == 0
+    verdicts = [line for line in out.splitlines() if line.strip().startswith("targets:")]
+    assert len(verdicts) == 1
+    assert out.strip().splitlines()[-1] in {
+        "planner met every target on 1 of 1 scenarios",
+        "planner met every target on 0 of 1 scenarios",
+    }
+    assert ("all met" in verdicts[0]) == out.strip().endswith("on 1 of 1 scenarios")
+
+
+def test_command_runs_random_unseen_scenarios() -> None:
+    code, out = _cli(["bench", "planner", "--random", "1", "--random-from", "3", "--json"])
+    assert code == 0
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc["scenario"] == "random-3"
+    assert {"planner", "aimd"} <= set(doc["results"])
