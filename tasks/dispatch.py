@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -234,10 +233,7 @@ class UnplannedLog:
                         alias,
                         fleet.bootstrap_ceiling,
                     )
-                elif (
-                    at - since >= warn_every_s
-                    and at - self._warned.get(alias, -math.inf) >= warn_every_s
-                ):
+                elif at - self._warned.get(alias, since) >= warn_every_s:
                     self._warned[alias] = at
                     warned.append(alias)
                     log.warning(
