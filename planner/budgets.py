@@ -12,7 +12,9 @@ and in-flight tokens (a level, not a rate).
 Rules, in the order ``step`` applies them:
 1. Header limits (per minute, as stated) are hard caps: a budget is never above one; a seed
    above one comes down to it; headers win over config (the seed becomes the header limit,
-   ``seed_source="headers"``, ``seeded_at=now``).
+   ``seed_source="headers"``, ``seeded_at=now``). A limit stated for the first time (or changed)
+   takes the budget up to it at once, not +5% per window from a low or stale seed — except
+   above ``(1 - probe_margin)`` x a level that drew a 429 within ``memory_s``.
 2. Stale seed (``now - seeded_at > stale_after_s``): re-seed from the latest header limits seen
    within ``stale_after_s`` when there are any; otherwise keep the values and report ``stale``.
    Budgets are never 0: every budget is floored at ``min_fraction`` of its seed (> 0).
@@ -128,7 +130,7 @@ def initial_state(
         stale_after_s=cfg.stale_after_s,
     )
     if observed_limits:
-        state, _notes = _apply_headers(state, observed_limits, now)
+        state, _notes = _apply_headers(state, observed_limits, now, cfg)
         budgets = state.budgets
         for cls in state.observed:
             value = state.seed.get(cls)
@@ -167,7 +169,10 @@ def rebase(
 
 
 def _apply_headers(
-    state: BudgetState, observed_limits: Mapping[LimitType, float], now: float
+    state: BudgetState,
+    observed_limits: Mapping[LimitType, float],
+    now: float,
+    config: ControllerConfig,
 ) -> tuple[BudgetState, list[str]]:
     caps = header_budgets(
         observed_limits,
@@ -185,6 +190,15 @@ def _apply_headers(
         current = budgets.get(cls)
         if current is not None and current > cap:
             budgets = budgets.with_value(cls, cap)
+        elif current is not None and state.observed.get(cls) != cap:
+            # a newly stated limit: the budget goes to it at once (not +5% per window from a
+            # stale or low seed), but not back above a level that drew a 429 recently
+            at = state.last_429_at.get(cls)
+            bound = cap
+            if at is not None and now - at <= config.memory_s:
+                bound = min(bound, state.last_429_level[cls] * (1.0 - config.probe_margin))
+            if bound > current:
+                budgets = budgets.with_value(cls, bound)
     hard = {**state.hard_caps, **caps}
     return (
         replace(
@@ -227,7 +241,7 @@ def step(
 
     # 1. headers: hard caps, and they win over config.
     if obs.observed_limits:
-        state, header_notes = _apply_headers(state, obs.observed_limits, now)
+        state, header_notes = _apply_headers(state, obs.observed_limits, now, config)
         notes.extend(header_notes)
 
     # 2. stale seed.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from evalfleet.errors import ConfigError
@@ -352,3 +354,27 @@ def test_an_unknown_repeated_429_measures_only_the_most_pressed_class() -> None:
         accepted[BudgetClass.TOKENS] * (1 - CFG.probe_margin)
     )
     assert s.budgets.calls_per_s == pytest.approx(first.budgets.calls_per_s * CFG.cut)
+
+
+def test_a_newly_stated_header_limit_lifts_a_low_budget_at_once() -> None:
+    # stale config 4,000/s; the provider's headers say 16,000/s: no +5% crawl from 4,000
+    low = initial_state(
+        replace(SEED, tokens_per_s=4_000.0), 0.0, cached_input_counts=False, token_class="input"
+    )
+    stated = {LimitType.INPUT_TOKENS: 960_000.0}
+    s, _ = window(low, 15.0, observed_limits=stated)
+    assert s.budgets.tokens_per_s == pytest.approx(16_000.0)
+    # a cut by a 429 is not undone by the same header on the next windows
+    s, _ = window(s, 30.0, LimitType.INPUT_TOKENS, observed_limits=stated)
+    cut = s.budgets.tokens_per_s
+    assert cut < 16_000.0
+    s, _ = window(s, 45.0, observed_limits=stated)
+    assert s.budgets.tokens_per_s == cut
+
+
+def test_a_changed_header_limit_stays_below_a_recent_429_level() -> None:
+    s = fresh(0.0, observed_limits={LimitType.INPUT_TOKENS: 960_000.0})  # 16,000/s
+    s, _ = window(s, 15.0, LimitType.INPUT_TOKENS)  # 429 at 16,000/s
+    raised = {LimitType.INPUT_TOKENS: 1_920_000.0}  # the header now says 32,000/s
+    s, _ = window(s, 30.0, observed_limits=raised)
+    assert s.budgets.tokens_per_s == pytest.approx(16_000.0 * (1 - CFG.probe_margin))
