@@ -156,6 +156,8 @@ class PlannerDecision(Base):
     budgets: Mapped[dict[str, Any]] = mapped_column(JSON)
     #: the budget the fleet target was sized on (``planner.decision.Quantity``), if any
     saturating: Mapped[str | None] = mapped_column(String(32))
+    #: what set the ceiling (budgets or a cap) before the stale/cooldown/pause/no-work labels
+    sized_by: Mapped[str | None] = mapped_column(String(32))
 
 
 class PacerConfig(Base):

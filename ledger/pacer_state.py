@@ -89,6 +89,7 @@ class PreviousDecision:
     tick_at: datetime
     binding: str
     saturating: str | None
+    sized_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -308,14 +309,24 @@ def save_state(engine: Engine, stored: StoredState) -> None:
 def previous_decision(conn: Connection, alias: str) -> PreviousDecision | None:
     """The alias's latest ``planner_decisions`` row (None before its first)."""
     r = conn.execute(
-        select(PlannerDecision.tick_at, PlannerDecision.binding, PlannerDecision.saturating)
+        select(
+            PlannerDecision.tick_at,
+            PlannerDecision.binding,
+            PlannerDecision.saturating,
+            PlannerDecision.sized_by,
+        )
         .where(PlannerDecision.alias == alias)
         .order_by(PlannerDecision.id.desc())
         .limit(1)
     ).first()
     if r is None:
         return None
-    return PreviousDecision(tick_at=as_utc(r.tick_at), binding=r.binding, saturating=r.saturating)
+    return PreviousDecision(
+        tick_at=as_utc(r.tick_at),
+        binding=r.binding,
+        saturating=r.saturating,
+        sized_by=r.sized_by,
+    )
 
 
 def latest_call_id(conn: Connection) -> int:

@@ -58,7 +58,9 @@ class Decision:
     ``projections`` maps each budgeted quantity to its projected mean demand over the horizon at
     the chosen ceiling; ``budgets`` holds the budgets the decision used; ``target`` is the fleet
     the budgets alone asked for (before caps, cooldown and pause); ``saturating`` names the
-    budget whose demand the target is sized on.
+    budget whose demand the target is sized on; ``sized_by`` is what set the ceiling (``paced``,
+    the budget that bounded the target, or a cap) before a stale config, a cooldown, a pause or
+    an empty queue took ``binding`` over (None: no budget saturates).
     """
 
     now: float
@@ -73,6 +75,19 @@ class Decision:
     projections: MappingProxyType[str, float] = field(default_factory=lambda: MappingProxyType({}))
     budgets: MappingProxyType[str, float] = field(default_factory=lambda: MappingProxyType({}))
     stale: bool = False
+    sized_by: Binding | None = None
+
+    @property
+    def feeds_saturation(self) -> bool:
+        """Whether the next window's use of the saturating budget measures this sizing: the
+        budgets set the fleet (``paced``: no cap below them) and nothing but a stale label
+        overrode that. The
+        saturation controller (``planner.sizing.hold_overdrive``) learns only from these."""
+        return (
+            self.sized_by is Binding.PACED
+            and self.saturating is not None
+            and self.binding in (Binding.PACED, Binding.STALE_CONFIG)
+        )
 
     def __post_init__(self) -> None:
         if self.ceiling < 0 or self.launches_allowed < 0:
@@ -89,6 +104,8 @@ class Decision:
             "ceiling": self.ceiling,
             "launches_allowed": self.launches_allowed,
             "binding": self.binding.value,
+            "saturating": self.saturating.value if self.saturating is not None else None,
+            "sized_by": self.sized_by.value if self.sized_by is not None else None,
             "projections": dict(self.projections),
             "budgets": dict(self.budgets),
         }

@@ -386,6 +386,7 @@ def decide(
     ):
         if cap is not None and cap <= ceiling:
             ceiling, binding = max(cap, 0), name
+    sized_by = binding if saturating is not None else None
     if fleet.stale:
         if fleet.queued > 0 and ceiling < config.stale_floor and binding not in _OPERATOR_CAPS:
             ceiling = min(config.stale_floor, *_present_caps(caps))
@@ -416,6 +417,7 @@ def decide(
         projections=MappingProxyType(projections),
         budgets=MappingProxyType(budget_view),
         stale=fleet.stale,
+        sized_by=sized_by,
     )
 
 

@@ -30,7 +30,7 @@ from planner.budgets import (
 )
 from planner.classify import Classification, LimitType
 from planner.curves import HarnessCurve, default_curve
-from planner.decision import Binding, Decision, Quantity
+from planner.decision import Decision, Quantity
 from planner.fit import fit_curve
 from planner.pacer import CallEstimate, CallUsage, PacerCore
 from planner.sizing import (
@@ -250,7 +250,7 @@ class PlannerPolicy:
         last = self.decisions[-1] if self.decisions else None
         if (
             last is None
-            or last.binding is not Binding.PACED
+            or not last.feeds_saturation
             or last.saturating is None
             or self.state.in_cooldown(now)
             or last.now < self.sizing.horizon_s

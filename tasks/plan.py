@@ -319,7 +319,6 @@ def record_decisions(now: datetime, decisions: dict[str, Decision]) -> None:
                     "alias": a,
                     "tick_at": now,
                     **d.as_row(),
-                    "saturating": d.saturating.value if d.saturating is not None else None,
                 }
                 for a, d in decisions.items()
             ],

@@ -229,6 +229,17 @@ def _prior(
     )
 
 
+def _fed_by(previous: pacer_state.PreviousDecision) -> bool:
+    """``Decision.feeds_saturation`` of a stored decision: the budgets set the fleet
+    (``sized_by`` paced) and only a stale-config label overrode them. A row written before
+    ``sized_by`` existed counts as paced only when its binding says so."""
+    sized_by = previous.sized_by if previous.sized_by is not None else previous.binding
+    return sized_by == Binding.PACED.value and previous.binding in (
+        Binding.PACED.value,
+        Binding.STALE_CONFIG.value,
+    )
+
+
 def held_overdrive(
     prior: _Prior,
     previous: pacer_state.PreviousDecision | None,
@@ -242,7 +253,7 @@ def held_overdrive(
     if (
         previous is None
         or prior.tick_at is None
-        or previous.binding != Binding.PACED.value
+        or not _fed_by(previous)
         or previous.saturating not in _BUDGET_CLASS
         or abs((previous.tick_at - prior.tick_at).total_seconds()) > 1.0
         or state.in_cooldown(now.timestamp())

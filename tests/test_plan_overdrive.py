@@ -187,3 +187,25 @@ def test_the_planner_sizes_with_the_settings_boot_time(
     local = plan.decide_all(T0, fleets, steps)[ALIAS]
     # slots that are not a minute booting per task each draw more: fewer are needed
     assert local.target < fargate.target
+
+
+@pytest.mark.parametrize(
+    ("binding", "sized_by", "fed"),
+    [
+        ("paced", "paced", True),
+        ("stale_config", "paced", True),  # a stale label over a paced sizing
+        ("stale_config", "arrival_budget", False),  # a wait bound held the fleet
+        ("at_capacity", "paced", False),  # the static cap set the fleet
+        ("paced", None, True),  # a row from before sized_by existed
+        ("stale_config", None, False),
+    ],
+)
+def test_which_stored_decisions_feed_the_controller(
+    binding: str, sized_by: str | None, fed: bool
+) -> None:
+    from tasks.plan_budgets import _fed_by
+
+    previous = pacer_state.PreviousDecision(
+        tick_at=T0, binding=binding, saturating="tokens_per_s", sized_by=sized_by
+    )
+    assert _fed_by(previous) is fed

@@ -307,3 +307,21 @@ def test_overdrive_controller_closes_the_utilisation_gap_and_stays_bounded() -> 
     assert factor == cfg.min_factor
     with pytest.raises(ValueError):
         OverdriveConfig(max_factor=0.9)
+
+
+def test_a_stale_label_keeps_what_the_budgets_decided_for_the_saturation_controller() -> None:
+    """A stale alias config labels every decision ``stale_config`` for a whole run; the
+    sizing under the label is still the budgets' (``sized_by``), so the saturation controller
+    keeps learning there — and does not when a cap, not the budgets, set the fleet."""
+    budgets = B(tokens_per_s=2_000.0, calls_per_s=1e9)
+    fresh = decide(fleet([]), flat_curve(), budgets, Counting(), Caps(), CFG)
+    assert fresh.binding is Binding.PACED and fresh.sized_by is Binding.PACED
+    stale = decide(fleet([], stale=True), flat_curve(), budgets, Counting(), Caps(), CFG)
+    assert stale.binding is Binding.STALE_CONFIG and stale.sized_by is Binding.PACED
+    assert fresh.feeds_saturation and stale.feeds_saturation
+    capped = decide(fleet([], stale=True), flat_curve(), budgets, Counting(), Caps(static=2), CFG)
+    assert capped.binding is Binding.STALE_CONFIG and capped.sized_by is Binding.AT_CAPACITY
+    assert not capped.feeds_saturation
+    cooling = decide(fleet([], in_cooldown=True), flat_curve(), budgets, Counting(), Caps(), CFG)
+    assert cooling.binding is Binding.COOLDOWN and not cooling.feeds_saturation
+    assert stale.as_row()["sized_by"] == "paced"
