@@ -47,6 +47,7 @@ __all__ = [
     "PreviousDecision",
     "StoredState",
     "WindowCalls",
+    "accepted_rates",
     "fresh_header_limits",
     "latest_call_id",
     "load_state",
@@ -334,6 +335,51 @@ def latest_call_id(conn: Connection) -> int:
     return int(conn.execute(select(func.max(LlmCall.id))).scalar_one() or 0)
 
 
+def _counted_tokens(token_class: TokenClass, cached_input_counts: bool) -> Any:
+    """The SQL expression of a call's tokens in the alias's counted token class."""
+    counted: Any = LlmCall.input_tokens - LlmCall.cached_input_tokens
+    if cached_input_counts:
+        counted = counted + LlmCall.cached_input_tokens
+    if token_class == "combined":
+        counted = counted + LlmCall.output_tokens
+    return counted
+
+
+def accepted_rates(
+    conn: Connection,
+    alias: str,
+    since: datetime,
+    until: datetime,
+    *,
+    token_class: TokenClass,
+    cached_input_counts: bool,
+) -> dict[BudgetClass, float]:
+    """What the provider accepted for ``alias`` between ``since`` and ``until`` (successful
+    calls requested then), per budget class, per second: the measurement a repeated 429 cut
+    reads (``WindowObservation.delivered``)."""
+    span = (until - since).total_seconds()
+    if span <= 0:
+        return {}
+    zero = 0
+    row = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(_counted_tokens(token_class, cached_input_counts)), zero),
+            func.coalesce(func.sum(LlmCall.output_tokens), zero),
+        ).where(
+            LlmCall.alias == alias,
+            LlmCall.status == 200,
+            LlmCall.requested_at >= since,
+            LlmCall.requested_at <= until,
+        )
+    ).one()
+    return {
+        BudgetClass.REQUESTS: float(row[0]) / span,
+        BudgetClass.TOKENS: float(row[1]) / span,
+        BudgetClass.OUTPUT_TOKENS: float(row[2]) / span,
+    }
+
+
 def read_window(
     conn: Connection,
     alias: str,
@@ -344,12 +390,7 @@ def read_window(
 ) -> WindowCalls:
     """Aggregate the alias's ``llm_calls`` with id > ``after_id``."""
     ok = LlmCall.status == 200
-    uncached = LlmCall.input_tokens - LlmCall.cached_input_tokens
-    counted = uncached
-    if cached_input_counts:
-        counted = counted + LlmCall.cached_input_tokens
-    if token_class == "combined":
-        counted = counted + LlmCall.output_tokens
+    counted = _counted_tokens(token_class, cached_input_counts)
     zero = 0
 
     def ok_sum(expr: Any) -> Any:

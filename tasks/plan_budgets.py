@@ -302,6 +302,18 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             )
             headers = pacer_state.fresh_header_limits(conn, name, prior.since)
             previous = pacer_state.previous_decision(conn, name)
+            delivered = (
+                pacer_state.accepted_rates(
+                    conn,
+                    name,
+                    now - timedelta(seconds=cfg.cooldown_s),
+                    now,
+                    token_class=state.token_class,
+                    cached_input_counts=state.cached_input_counts,
+                )
+                if window.throttles
+                else None
+            )
         if headers and state.is_stale(now.timestamp()):
             state = _reseeded(state, headers)
         utilisation = window.utilisation(state.budgets, prior.window_s)
@@ -312,6 +324,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             spend_errors=window.spend_errors,
             observed_limits=headers,
             utilisation=utilisation,
+            delivered=delivered,
         )
         state, actions = step(state, obs, cfg)
         curve = curve_for(harness).curve

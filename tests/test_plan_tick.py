@@ -320,6 +320,31 @@ def test_a_429_of_one_type_cuts_only_that_budget_across_ticks(plan_ledger: Engin
     assert d4.binding.value == "cooldown"
 
 
+def test_a_429_persisting_through_the_cooldown_cuts_to_what_the_provider_accepted(
+    plan_ledger: Engine,
+) -> None:
+    """The provider's token limit dropped: the first cut (x0.75) is not enough, 429s go on
+    through the cooldown, and the second cut reads what the provider accepted meanwhile from
+    the gateway's successful calls (their counted tokens over the cooldown)."""
+    add_run(plan_ledger, running=3, queued=30)
+    first = plan.plan_tick(T0, False)[ALIAS]
+    tokens0 = first.budgets["tokens_per_s"]
+    add_calls(plan_ledger, 2, status=429, limit_type="tokens")
+    t1 = T0 + timedelta(seconds=15)
+    assert plan.plan_tick(t1, False)[ALIAS].budgets["tokens_per_s"] == pytest.approx(tokens0 * 0.75)
+    # over the next 30 s the provider accepted 30 calls of 1,000 input tokens: ~1,000/s
+    t3 = t1 + timedelta(seconds=30)
+    for i in range(30):
+        add_calls(plan_ledger, 1, at=t1 + timedelta(seconds=i + 0.5))
+    add_calls(plan_ledger, 1, status=429, limit_type="tokens", at=t3 - timedelta(seconds=1))
+    d3 = plan.plan_tick(t3, False)[ALIAS]
+    combined = stored(plan_ledger).state.token_class == "combined"
+    accepted = 1_100.0 if combined else 1_000.0  # a combined class counts the 100 output too
+    assert accepted < tokens0 * 0.75 * 0.75  # so the measurement, not the factor, decides
+    assert d3.budgets["tokens_per_s"] == pytest.approx(accepted * 0.95, rel=0.01)
+    assert d3.budgets["calls_per_s"] == pytest.approx(first.budgets["calls_per_s"])
+
+
 def test_a_clean_busy_window_grows_the_used_budget_only(plan_ledger: Engine) -> None:
     add_run(plan_ledger, running=3, queued=30)
     first = plan.plan_tick(T0, False)[ALIAS]
