@@ -397,29 +397,57 @@ def check_curve(
     bin_s: float = 60.0,
     n_bins: int = 8,
     resolution_s: float = 1.0,
+    bootstrap: int = 0,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Compare ``curve`` with observed calls, per age bin, per running task.
 
     One row per (bin, quantity): ``bin_start_s``, ``quantity``, ``observed`` (events /
     exposure of the given instances), ``predicted`` (the curve's rate averaged over the bin,
-    weighted by how many of these instances are alive at each age) and ``rel_error``
-    (``predicted / observed - 1``; NaN-free: bins without exposure are dropped).
+    weighted by how many of these instances are alive at each age), ``rel_error``
+    (``predicted / observed - 1``; NaN-free: bins without exposure are dropped),
+    ``exposure_task_s`` and ``alive`` (instances alive at the bin's start). With ``bootstrap``
+    > 0, also ``observed_lo`` / ``observed_hi``: the 95% percentile interval of ``observed``
+    over that many resamples of the instances (with replacement, seeded): how precisely these
+    instances measure the rate. Few instances or rare heavy events (a cache miss resends a
+    whole context) make it wide; events absent from the sample cannot appear in it.
     """
     p = _prepare(calls, instances, curve.latency_base_s, curve.latency_per_output_token_s)
     edges = np.arange(n_bins + 1, dtype=np.float64) * bin_s
-    zeros = np.zeros(p.durations.size)
-    exposure = interval_mass(zeros, p.durations, np.ones_like(zeros), edges)
+    # Per instance and bin: exposure and event sums (the bootstrap resamples these rows).
+    inst_exposure = np.clip(np.minimum(p.durations[:, None], edges[1:]) - edges[:-1], 0.0, None)
+    exposure = inst_exposure.sum(axis=0)
     inside = p.age < edges[-1]
-    idx = (p.age[inside] // bin_s).astype(np.intp)
-    observed: dict[str, FloatArray] = {
-        "calls_per_s": _binsum(idx, None, n_bins),
-        "cached_input_tokens_per_s": _binsum(idx, p.cached[inside], n_bins),
-        "uncached_input_tokens_per_s": _binsum(idx, p.uncached[inside], n_bins),
-        "output_tokens_per_s": _binsum(idx, p.output[inside], n_bins),
-    }
-    observed["input_tokens_per_s"] = (
-        observed["cached_input_tokens_per_s"] + observed["uncached_input_tokens_per_s"]
+    cell = (p.call_instance[inside], (p.age[inside] // bin_s).astype(np.intp))
+    per_inst: dict[str, FloatArray] = {}
+    for name, weights in (
+        ("calls_per_s", np.ones(p.age.size)),
+        ("cached_input_tokens_per_s", p.cached),
+        ("uncached_input_tokens_per_s", p.uncached),
+        ("output_tokens_per_s", p.output),
+    ):
+        per_inst[name] = np.zeros((p.durations.size, n_bins))
+        np.add.at(per_inst[name], cell, weights[inside])
+    per_inst["input_tokens_per_s"] = (
+        per_inst["cached_input_tokens_per_s"] + per_inst["uncached_input_tokens_per_s"]
     )
+    observed = {name: m.sum(axis=0) for name, m in per_inst.items()}
+    interval: dict[str, tuple[FloatArray, FloatArray]] = {}
+    if bootstrap > 0:
+        rng = np.random.default_rng(seed)
+        n = p.durations.size
+        counts = np.zeros((bootstrap, n))
+        np.add.at(counts, (np.arange(bootstrap)[:, None], rng.integers(0, n, (bootstrap, n))), 1)
+        boot_exposure = counts @ inst_exposure
+        for name, m in per_inst.items():
+            rates = np.divide(
+                counts @ m,
+                boot_exposure,
+                out=np.full_like(boot_exposure, np.nan),
+                where=boot_exposure > 0,
+            )
+            lo, hi = np.nanpercentile(rates, [2.5, 97.5], axis=0)
+            interval[name] = (lo, hi)
     grid = np.arange(0.0, edges[-1], resolution_s) + resolution_s / 2.0
     sorted_d = np.sort(p.durations)
     alive = (sorted_d.size - np.searchsorted(sorted_d, grid, side="right")).astype(np.float64)
@@ -434,16 +462,17 @@ def check_curve(
                 continue
             obs = float(observed[name][b] / exposure[b])
             pred = float(predicted_sum[b] / alive_per_bin[b])
-            rows.append(
-                {
-                    "bin_start_s": float(edges[b]),
-                    "quantity": name,
-                    "observed": obs,
-                    "predicted": pred,
-                    "rel_error": (pred / obs - 1.0)
-                    if obs > 0
-                    else (0.0 if pred == 0 else math.inf),
-                    "exposure_task_s": float(exposure[b]),
-                }
-            )
+            row = {
+                "bin_start_s": float(edges[b]),
+                "quantity": name,
+                "observed": obs,
+                "predicted": pred,
+                "rel_error": (pred / obs - 1.0) if obs > 0 else (0.0 if pred == 0 else math.inf),
+                "exposure_task_s": float(exposure[b]),
+                "alive": int((p.durations > edges[b]).sum()),
+            }
+            if name in interval:
+                row["observed_lo"] = float(interval[name][0][b])
+                row["observed_hi"] = float(interval[name][1][b])
+            rows.append(row)
     return pd.DataFrame(rows)

@@ -1,4 +1,4 @@
-"""``evalfleet curves fit-default``: refits the shipped default and reports the held-out check."""
+"""``evalfleet curves fit-default`` / ``split-study``: refit the shipped default, check it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from evalfleet.cli import main
+from evalfleet.commands.curves_study import split_study
 from planner.curves import HarnessCurve, default_curve
 
 
@@ -21,6 +22,10 @@ def test_fit_default_writes_the_shipped_curve(
     written = json.loads((tmp_path / "mini-swe-agent.json").read_text())
     assert HarnessCurve.from_params(written) == default_curve()
     assert written["fit"]["check"]["minutes"] == 8
+    assert written["fit"]["check"]["held_out_alive"][-1] == 18
+    lo, hi = written["fit"]["check"]["held_out_observed_95"]["uncached_input_tokens_per_s"][7]
+    assert lo < 222.7 < hi  # the held-out minute-7 mean, inside its own interval
+    assert "observed_lo" in out
     assert list(tmp_path.iterdir()) == [tmp_path / "mini-swe-agent.json"]  # no temp files left
 
 
@@ -36,4 +41,20 @@ def test_fit_default_dry_run_json_writes_nothing(
 
 def test_fit_default_unknown_trace_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["curves", "fit-default", "--trace", "nope", "--dry-run"]) == 2
+    assert "unknown trace 'nope'" in capsys.readouterr().err
+
+
+def test_split_study_compares_the_fit_with_per_minute_means() -> None:
+    passes, median_abs = split_study("minisweagent-gemini3pro-verified", 3)
+    assert list(passes.index) == ["fit", "train-means", "all-means"]
+    assert ((passes >= 0) & (passes <= 1)).all().all()
+    # The oracle (all instances' means) includes the held-out ones: close at minute 0, where
+    # 100 held-out tasks are alive, and never far off for calls.
+    assert (median_abs.loc["all-means", "min 0"] < 0.1).all(), median_abs
+    assert median_abs.loc[("all-means", "calls_per_s")].max() < 0.2, median_abs
+    assert median_abs.loc[("fit", "calls_per_s"), "min 0"] < 0.1, median_abs
+
+
+def test_split_study_unknown_trace_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["curves", "split-study", "--trace", "nope", "--splits", "1"]) == 2
     assert "unknown trace 'nope'" in capsys.readouterr().err

@@ -162,14 +162,55 @@ def test_default_curve_uncached_within_15_percent_for_first_6_minutes(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known shortfall: uncached input at minutes 6-7 is over 15% on the held-out 20% "
-    "(~15-25 held-out tasks alive, heavy-tailed cache misses); see the curves report",
+    reason="known shortfall, from the data: uncached input at minute 7 is +69% (minute 6: +9%) "
+    "on the held-out 20%. ~4% of calls miss the cache and resend the whole ~30k-token context; "
+    "the held-out minute 7 has 18 tasks, 96 calls and 1 such miss, so its mean (223 tokens/s, "
+    "95% bootstrap 114-379) moves ~16% per miss, and the whole trace has 5 misses at minute 7 "
+    "against ~20 expected. Even the 80%'s raw minute means miss (+34%, +27%); over 300 random "
+    "splits the per-minute means of all 500 instances pass only 18%. See docs/bench-planner.md",
 )
 def test_default_curve_uncached_within_15_percent_for_8_minutes(
     held_out_check: pd.DataFrame,
 ) -> None:
     rows = held_out_check[held_out_check["quantity"] == "uncached_input_tokens_per_s"]
     assert rows["rel_error"].abs().max() <= 0.15
+
+
+def test_held_out_late_minutes_measure_uncached_coarser_than_the_tolerance() -> None:
+    """Why the 8-minute uncached check is an xfail: the held-out data cannot resolve 15% there."""
+    split = split_trace(load_calls(), load_instances())
+    check = check_curve(
+        default_curve(), split.test_calls, split.test_instances, n_bins=8, bootstrap=2000
+    )
+    rows = check[check["quantity"] == "uncached_input_tokens_per_s"].set_index("bin_start_s")
+    half_width = (rows["observed_hi"] - rows["observed_lo"]) / 2 / rows["observed"]
+    assert (half_width.loc[[360.0, 420.0]] > 0.3).all(), half_width
+    assert (half_width.loc[[0.0, 60.0]] < 0.12).all(), half_width
+    assert rows["alive"].tolist() == [100, 100, 95, 76, 49, 36, 24, 18]
+
+
+def test_check_bootstrap_interval_is_seeded_and_brackets_the_observed_rate() -> None:
+    calls, instances = synthesize_calls(default_curve(), 60, seed=3)
+    first = check_curve(default_curve(), calls, instances, n_bins=4, bootstrap=300, seed=1)
+    again = check_curve(default_curve(), calls, instances, n_bins=4, bootstrap=300, seed=1)
+    pd.testing.assert_frame_equal(first, again)
+    assert (first["observed_lo"] <= first["observed"]).all()
+    assert (first["observed"] <= first["observed_hi"]).all()
+    assert (first["observed_hi"] > first["observed_lo"]).all()
+    plain = check_curve(default_curve(), calls, instances, n_bins=4)
+    assert "observed_lo" not in plain.columns
+    pd.testing.assert_frame_equal(plain, first.drop(columns=["observed_lo", "observed_hi"]))
+
+
+def test_check_bootstrap_of_identical_instances_has_no_spread() -> None:
+    rows = [(f"i{k}", t, 1000, 200, 50) for k in range(5) for t in (5.0, 30.0, 70.0)]
+    instances = pd.DataFrame({"instance_id": [f"i{k}" for k in range(5)], "wall_time_s": 90.0})
+    check = check_curve(default_curve(), calls_frame(rows), instances, n_bins=2, bootstrap=200)
+    np.testing.assert_allclose(check["observed_lo"], check["observed"])
+    np.testing.assert_allclose(check["observed_hi"], check["observed"])
+    calls_rows = check[check["quantity"] == "calls_per_s"]
+    assert calls_rows["observed"].tolist() == pytest.approx([2 / 60, 1 / 30])
+    assert calls_rows["alive"].tolist() == [5, 5]
 
 
 @pytest.mark.parametrize(

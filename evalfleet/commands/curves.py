@@ -16,7 +16,8 @@ the same file.
 the ledger's ``llm_calls`` (``analysis.refit``: instances that ran entirely in the window),
 compares the fit and the version in use per minute of task age, and with ``--write`` stores it
 as the next ``harness_curves`` version, which the planner loop picks up at its next tick.
-``curves show [--harness H]`` lists the stored versions.
+``curves show [--harness H]`` lists the stored versions. ``curves split-study`` repeats the
+80/20 check on many random splits (``evalfleet.commands.curves_study``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ DEFAULT_OUT = Path(__file__).resolve().parents[2] / "planner" / "default_curves"
 CHECK_MINUTES = 8
 CHECK_TOLERANCE = 0.15
 CHECK_QUANTITIES = ("calls_per_s", "input_tokens_per_s", "uncached_input_tokens_per_s")
+CHECK_BOOTSTRAP = 2000  # resamples of the held-out instances for the observed rates' 95% interval
 
 
 def fit_default_params(
@@ -52,7 +54,13 @@ def fit_default_params(
         raise ConfigError("--trace", [f"unknown trace {trace!r}; shipped: {sorted(TRACE_HARNESS)}"])
     split = split_trace(load_calls(trace), load_instances(trace), test_share=test_share)
     fitted = fit_curve(split.train_calls, harness, instances=split.train_instances)
-    check = check_curve(fitted.curve, split.test_calls, split.test_instances, n_bins=CHECK_MINUTES)
+    check = check_curve(
+        fitted.curve,
+        split.test_calls,
+        split.test_instances,
+        n_bins=CHECK_MINUTES,
+        bootstrap=CHECK_BOOTSTRAP,
+    )
     worst = {
         q: float(check.loc[check.quantity == q, "rel_error"].abs().max())
         for q in check.quantity.unique()
@@ -72,6 +80,17 @@ def fit_default_params(
                 q: [round(float(x), 4) for x in check.loc[check.quantity == q, "rel_error"]]
                 for q in check.quantity.unique()
             },
+            "held_out_alive": [int(x) for x in check.loc[check.quantity == "calls_per_s", "alive"]],
+            "held_out_observed_95": {
+                q: [
+                    [round(float(lo), 4), round(float(hi), 4)]
+                    for lo, hi in check.loc[
+                        check.quantity == q, ["observed_lo", "observed_hi"]
+                    ].itertuples(index=False)
+                ]
+                for q in CHECK_QUANTITIES
+            },
+            "bootstrap": {"resamples": CHECK_BOOTSTRAP, "seed": 0, "unit": "held-out instance"},
         },
     }
     params = fitted.curve.to_params()
@@ -219,6 +238,20 @@ def fit_default(trace: str, out_dir: Path, dry_run: bool, as_json: bool) -> None
     )
     click.echo("relative error of the curve per minute of age (predicted / observed - 1):")
     click.echo((table * 100).round(1).to_string())
+    click.echo(
+        "checked quantities per minute: held-out tasks alive at the minute's start, predicted, "
+        "observed and its 95% bootstrap interval (held-out instances resampled):"
+    )
+    detail = check[check.quantity.isin(CHECK_QUANTITIES)].assign(
+        minute=lambda d: (d.bin_start_s // 60).astype(int)
+    )
+    click.echo(
+        detail.set_index(["quantity", "minute"])[
+            ["alive", "predicted", "observed", "observed_lo", "observed_hi"]
+        ]
+        .round(3)
+        .to_string()
+    )
     for q in CHECK_QUANTITIES:
         worst = params["fit"]["check"]["max_abs_rel_error"][q]
         verdict = "ok" if worst <= CHECK_TOLERANCE else "OVER TOLERANCE"
@@ -421,4 +454,7 @@ def show(harness: str | None, as_json: bool) -> None:
 
 
 def register(root: click.Group) -> None:
+    from evalfleet.commands.curves_study import split_study_command
+
+    curves.add_command(split_study_command)
     root.add_command(curves)
