@@ -31,7 +31,11 @@ Rules, in the order ``step`` applies them:
    a whole cooldown) goes at least down to ``(1 - probe_margin)`` x what the provider accepted
    over that cooldown (``WindowObservation.delivered``): a provider rejecting calls has an
    empty bucket, so what it accepts is its refill rate, the limit itself. Without it a limit
-   that halved with no headers took three cuts, each a cooldown of 429s. The level that drew
+   that halved with no headers took three cuts, each a cooldown of 429s. When it accepted
+   (about) everything the budget let through, the 429 is a residue of the overshoot that drew
+   the last cut (a per-minute provider bucket still in debt): the budget only eases by
+   ``probe_margin`` and the level is not remembered as one that drew a 429 (else a
+   conservative cut would cap the budget below the limit for ``memory_s``). The level that drew
    the 429 is remembered for ``memory_s``.
 5. ``rebase_cuts`` cuts below the seed within ``rebase_period_s`` re-base that class's seed to
    the cut level (the provider's limit dropped): growth is then bounded by 1.5x the new seed and
@@ -393,6 +397,11 @@ def _cut(
     if delivered is not None and delivered > 0:
         previous = state.last_cut_at.get(cls, NEG_INF)
         if now - previous <= 2.0 * config.cooldown_s:
+            if delivered >= level * (1.0 - config.probe_margin):
+                # it accepted (about) all we sent: this 429 is a residue of the overshoot
+                # that drew the last cut (the provider's per-minute bucket still in debt), not
+                # a sign the cut level is too high. Ease off a little; the level stays allowed.
+                return _eased(state, cls, level, now, config), False
             # rejected through a whole cooldown: what the provider accepted is its limit
             new_value = min(new_value, delivered * (1.0 - config.probe_margin))
     if config.cut_to_seed and level > seed_value:
@@ -419,6 +428,21 @@ def _cut(
             cuts_below_seed={**state.cuts_below_seed, cls: cuts},
         ),
         rebased,
+    )
+
+
+def _eased(
+    state: BudgetState, cls: BudgetClass, level: float, now: float, config: ControllerConfig
+) -> BudgetState:
+    """A 429 residue: the budget eases ``probe_margin`` below its level; no new 429 level, no
+    re-base count (the level did not draw it)."""
+    seed_value = state.seed.get(cls)
+    assert seed_value is not None
+    value = max(level * (1.0 - config.probe_margin), seed_value * config.min_fraction)
+    return replace(
+        state,
+        budgets=state.budgets.with_value(cls, value),
+        last_cut_at={**state.last_cut_at, cls: now},
     )
 
 

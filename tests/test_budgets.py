@@ -378,3 +378,21 @@ def test_a_changed_header_limit_stays_below_a_recent_429_level() -> None:
     raised = {LimitType.INPUT_TOKENS: 1_920_000.0}  # the header now says 32,000/s
     s, _ = window(s, 30.0, observed_limits=raised)
     assert s.budgets.tokens_per_s == pytest.approx(16_000.0 * (1 - CFG.probe_margin))
+
+
+def test_a_429_residue_after_a_cut_eases_the_budget_without_capping_it() -> None:
+    # an overshoot drew a cut; a cooldown later one more 429 arrives although the provider
+    # accepted all the cut level let through: its per-minute bucket was still in debt
+    first, _ = window(fresh(), 15.0, LimitType.TOKENS)
+    level = first.budgets.tokens_per_s
+    accepted = {BudgetClass.TOKENS: level * 1.02}
+    s, _ = window(first, 15.0 + CFG.cooldown_s, LimitType.TOKENS, delivered=accepted)
+    assert s.budgets.tokens_per_s == pytest.approx(level * (1 - CFG.probe_margin))
+    assert s.last_429_level[BudgetClass.TOKENS] == first.last_429_level[BudgetClass.TOKENS]
+    assert s.seed == first.seed  # not counted towards a re-base
+    # growth may come back to just below the level that did draw a 429, not only to this one
+    for i in range(2, 40):
+        s, _ = window(s, 15.0 * i + CFG.cooldown_s)
+    ceiling = first.last_429_level[BudgetClass.TOKENS] * (1 - CFG.probe_margin)
+    assert s.budgets.tokens_per_s == pytest.approx(ceiling)
+    assert s.budgets.tokens_per_s > level
