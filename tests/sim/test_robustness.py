@@ -24,24 +24,32 @@ from sim.workload import build_workload
 
 pytestmark = pytest.mark.slow
 
-_NO_HEADERS_UNDERSHOOT = (
-    "no rate-limit headers, a stale seed and the input limit dropping to 65% at 1175 s: the "
-    "planner finds the limit through 429s (49, rate 0.0027) and fixed:2N*, hammering the "
-    "provider (7,693 429s), finishes sooner: the planner takes 1.054x its makespan "
-    "(docs/bench-planner.md)"
+_NO_HEADERS_PROBE = (
+    "no rate-limit headers, the request limit binding and the seed right at it: probing above "
+    "the seed (+5% per clean window, the only way to find room without headers) drains the "
+    "provider's per-minute bucket and draws 38 429s (0.23% of calls) in one burst, while "
+    "fixed:N*/2 is within 5% of the planner's makespan with 50: the planner is not allowed "
+    "more than a tenth of them (docs/bench-planner.md)"
 )
+_NO_HEADERS_SMALL_FLEET = (
+    "no rate-limit headers, a task cap of 40 and a seed at the token limit: the first probe's "
+    "overshoot costs 15 429s (0.15% of calls) and fixed:N*/2, 429-free, is within 5% of the "
+    "planner's makespan (docs/bench-planner.md)"
+)
+_KNOWN = {
+    11: _NO_HEADERS_PROBE,
+    14: _NO_HEADERS_SMALL_FLEET,
+}
 SEEDS = [
-    0,
-    1,
-    pytest.param(2, marks=pytest.mark.xfail(strict=True, reason=_NO_HEADERS_UNDERSHOOT)),
-    3,
-    4,
-    5,
+    pytest.param(seed, marks=pytest.mark.xfail(strict=True, reason=_KNOWN[seed]))
+    if seed in _KNOWN
+    else seed
+    for seed in range(16)
 ]
 
 
 def test_generated_scenarios_are_limit_bound_and_varied() -> None:
-    scenarios = [random_scenario(s) for s in range(6)]
+    scenarios = [random_scenario(s) for s in range(16)]
     styles = {s.provider.headers for s in scenarios}
     assert styles == {"anthropic", "openai", "none"}
     assert {s.harness.trace is None for s in scenarios} == {True, False}
