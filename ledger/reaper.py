@@ -5,19 +5,25 @@ Either way the instance goes back to ``queued`` — or, once the run's ``max_att
 used up, ends ``lost`` with its job deleted, so a job never loops. A 429 or provider outage is
 never the agent's fault: it is requeued, not scored. On PostgreSQL "past the deadline" is judged
 by the database's ``now()``; rows locked by a heartbeat or landing in flight are skipped.
+
+``requeue`` can be limited to instances still in given states (``only_from``: the supervisor
+returns a ``booting`` attempt whose flow run died only if it has not started meanwhile) and can
+write an ``audit_log`` row in the same transaction (``audit_actor``: a rule of the supervisor
+acting on Prefect's word rather than on an expired lease).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, and_, delete, select, update
+from sqlalchemy import Connection, Engine, and_, delete, insert, select, update
 
 from evalfleet.errors import ConfigError, StaleLease
 from evalfleet.states import INSTANCE_LEASED, InstanceState, return_target
 from ledger.clock import db_now, db_now_plus
 from ledger.db import write_transaction
-from ledger.models import InstanceResult, Job, Run
+from ledger.models import AuditLog, InstanceResult, Job, Run
 from ledger.queue import Lease
 
 _LEASED = tuple(s.value for s in INSTANCE_LEASED)
@@ -41,8 +47,15 @@ class _Held:
     max_attempts: int
 
 
-def _return(conn: Connection, held: _Held, reason: str, delay_s: float) -> InstanceState:
+def _return(
+    conn: Connection,
+    held: _Held,
+    reason: str,
+    delay_s: float,
+    only_from: Collection[InstanceState] = INSTANCE_LEASED,
+) -> InstanceState:
     """Send one leased job (locked by the caller) back: ``queued``, or ``lost`` past max."""
+    sources = tuple(s.value for s in only_from)  # a refusal rolls the job back too
     target = return_target(held.attempts_used, held.max_attempts)
     mine = and_(Job.id == held.job_id, Job.lease_token == held.token)
     values: dict[str, object]
@@ -60,7 +73,7 @@ def _return(conn: Connection, held: _Held, reason: str, delay_s: float) -> Insta
             InstanceResult.run_id == held.run_id,
             InstanceResult.instance_id == held.instance_id,
             InstanceResult.lease_token == held.token,
-            InstanceResult.state.in_(_LEASED),
+            InstanceResult.state.in_(sources),
         )
         .values(state=target.value, error_detail=reason[:2000], **values)
     )
@@ -69,12 +82,24 @@ def _return(conn: Connection, held: _Held, reason: str, delay_s: float) -> Insta
     return target
 
 
-def requeue(engine: Engine, lease: Lease, reason: str, *, delay_s: float = 0.0) -> InstanceState:
+def requeue(
+    engine: Engine,
+    lease: Lease,
+    reason: str,
+    *,
+    delay_s: float = 0.0,
+    only_from: Collection[InstanceState] = INSTANCE_LEASED,
+    audit_actor: str | None = None,
+) -> InstanceState:
     """Give the job back after an infrastructure failure; returns ``queued`` or ``lost``.
 
     A ``queued`` job becomes visible again after ``delay_s``. StaleLease if the lease is not
-    current (nothing changes then).
+    current or the instance is not in one of ``only_from`` (nothing changes then). With
+    ``audit_actor``, an ``audit_log`` row (action ``requeue``) is written in the same
+    transaction.
     """
+    if not only_from or not set(only_from) <= INSTANCE_LEASED:
+        raise ConfigError("requeue", ["only_from: must be leased states (booting, running, ...)"])
     if not 0 <= delay_s <= 86_400:
         raise ConfigError("requeue", ["delay_s: must be in [0, 86400]"])
     with write_transaction(engine) as conn:
@@ -92,7 +117,19 @@ def requeue(engine: Engine, lease: Lease, reason: str, *, delay_s: float = 0.0) 
         held = _Held(
             lease.job_id, lease.run_id, lease.instance_id, lease.token, int(row[0]), int(row[1])
         )
-        return _return(conn, held, reason, delay_s)
+        target = _return(conn, held, reason, delay_s, only_from)
+        if audit_actor is not None:
+            conn.execute(
+                insert(AuditLog).values(
+                    actor=audit_actor[:128],
+                    action="requeue",
+                    target=f"instance:{lease.run_id}/{lease.instance_id}"[:256],
+                    reason=reason,
+                    old={"attempt": lease.attempt},
+                    new={"state": target.value},
+                )
+            )
+        return target
 
 
 def expire(engine: Engine, *, pool: str | None = None, limit: int = 1000) -> ReapReport:
