@@ -1,8 +1,10 @@
 """Flow ``supervisor``: the long-running supervisor loop (one active run; restarted on crash).
 
-Every ``supervisor_tick_s`` (30 s): reap expired leases, move finished runs to ``closed``
+Every ``supervisor_tick_s`` (30 s): reap expired leases and attempts whose flow run Prefect
+reports over (``booting`` ones included), move finished runs to ``closed``
 (revoking their keys), revoke keys left on closed/aborted/failed runs, write one capacity
-snapshot per pool, scale the eval pool to its queue, and publish each open run's progress
+snapshot per pool, scale the eval pool to its queue (queued eval jobs plus run-eval flow runs
+waiting on the pool), and publish each open run's progress
 (Valkey hash when configured, Prefect progress artifact; ``tasks.progress``). ``max_ticks``
 bounds the loop (tests).
 """
@@ -32,8 +34,9 @@ def supervise_once(scale_eval_pool: bool) -> int:
     complete_runs()
     recover_keys()
     counts = supervise.pool_counts()
-    limit = scale_eval(counts["eval"]["queued"]) if scale_eval_pool else 0
-    snapshot({"harness": settings.static_cap, "eval": limit})
+    backlog = supervise.eval_backlog() if scale_eval_pool else 0
+    limit = scale_eval(counts["eval"]["queued"] + backlog) if scale_eval_pool else 0
+    snapshot({"harness": settings.static_cap, "eval": limit}, backlog)
     publish_progress(still_changing)
     return supervise.open_runs()
 

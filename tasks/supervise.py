@@ -9,13 +9,24 @@ repeats nothing harmful:
   or the task died —, ``Failed`` or ``Cancelled`` in Prefect) go back at once too, without
   waiting for the lease to expire: the worker reports a dead process immediately, so the
   visibility timeout can stay long enough to cover a slow boot. Only ``running`` and
-  ``evaluating`` rows are judged this way (their ``flow_run_id`` is the current attempt's); a
-  lease whose holder is still alive is refused at landing anyway (``StaleLease``).
+  ``evaluating`` rows are judged this way (their ``flow_run_id`` is the current attempt's: the
+  run-instance flow run, or the run-eval one once the evaluation was handed to the eval pool);
+  a lease whose holder is still alive is refused at landing anyway (``StaleLease``).
+* ``reap_dead_boots``: the same for ``booting`` attempts, whose row does not name their flow run
+  yet (the dispatcher creates it; the flow names itself when it starts). Their flow run is found
+  by its name (``<instance> #<attempt>``) and its job reference (job id and lease token): if
+  Prefect reports it over — Crashed (e.g. its process was killed before the flow began: the
+  worker reports the exit at once), Failed, Cancelled, or Completed without having started —
+  while the instance is still ``booting`` under that lease, the attempt goes back at once
+  instead of waiting ``visibility_timeout_s`` (120 s). Each such return is written to
+  ``audit_log`` (actor ``supervisor``) with the instance row, in one transaction.
 * ``complete_runs``: a running run with nothing left queued goes ``draining``; a draining run
   whose instances are all terminal goes ``closed`` and its keys are revoked.
 * ``recover_keys``: keys still active on closed, aborted or failed runs are revoked.
 * ``snapshot_capacity``: one ``capacity_snapshots`` row per pool.
-* ``scale_eval_pool``: the eval pool's Prefect concurrency follows its queue depth.
+* ``scale_eval_pool``: the eval pool's Prefect concurrency follows its queue depth: queued eval
+  jobs in the ledger plus ``eval_backlog``, the run-eval flow runs waiting for a slot on the eval
+  pool (Scheduled or Late in Prefect; ``EVALFLEET_EVAL_LAUNCHER=work-pool``).
 """
 
 from __future__ import annotations
@@ -55,11 +66,19 @@ def reap() -> tuple[int, int]:
     if pairs:
         _cancel_flow_runs(pairs)
     requeued, lost = reap_dead_flow_runs()
-    return len(report.requeued) + requeued, len(report.lost) + lost
+    boot_requeued, boot_lost = reap_dead_boots()
+    return (
+        len(report.requeued) + requeued + boot_requeued,
+        len(report.lost) + lost + boot_lost,
+    )
 
 
 _DEAD = ("CRASHED", "FAILED", "CANCELLED")
+#: A booting attempt's flow run in one of these never ran the instance (Completed included: a
+#: flow run that started would have moved the row on from ``booting``).
+_OVER = (*_DEAD, "COMPLETED")
 _PAGE = 200  # the Prefect API's page size cap
+_ACTOR = "supervisor"
 
 
 def reap_dead_flow_runs() -> tuple[int, int]:
@@ -106,27 +125,106 @@ def reap_dead_flow_runs() -> tuple[int, int]:
                 for fr in page
                 if fr.state is not None and fr.state.type.value in _DEAD
             )
+    return _return_all(
+        [(row, str(row.flow_run_id)) for row in dead],
+        (InstanceState.RUNNING, InstanceState.EVALUATING),
+        "is over without landing",
+    )
+
+
+def _return_all(
+    dead: list[tuple[Any, str]], only_from: tuple[InstanceState, ...], what: str
+) -> tuple[int, int]:
+    """Requeue (or end ``lost``) each (held row, flow run id); returns (requeued, lost)."""
     requeued = lost = 0
-    for row in dead:
+    for row, flow_run_id in dead:
         lease = Lease(
             row.id, row.run_id, row.instance_id, row.stage, row.lease_token, row.attempt, _EPOCH
         )
         try:
-            target = queue_requeue(engine(), lease, f"flow run {row.flow_run_id} ended: requeued")
-        except StaleLease:  # it landed or was requeued meanwhile
+            target = queue_requeue(
+                engine(),
+                lease,
+                f"flow run {flow_run_id} {what}: requeued",
+                only_from=only_from,
+                audit_actor=_ACTOR,
+            )
+        except StaleLease:  # it landed, moved on or was requeued meanwhile
             continue
         if target == InstanceState.LOST:
             lost += 1
         else:
             requeued += 1
         log.warning(
-            "instance %s/%s: flow run %s is over without landing; %s",
+            "instance %s/%s: flow run %s %s; %s",
             row.run_id,
             row.instance_id,
-            row.flow_run_id,
+            flow_run_id,
+            what,
             target.value,
         )
     return requeued, lost
+
+
+def reap_dead_boots() -> tuple[int, int]:
+    """Requeue (or end ``lost``) booting attempts whose flow run Prefect reports over before the
+    instance started. Returns (requeued, lost)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterName,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    with engine().connect() as conn:
+        booting = conn.execute(
+            select(
+                Job.id,
+                Job.run_id,
+                Job.instance_id,
+                Job.stage,
+                Job.lease_token,
+                InstanceResult.attempt,
+            )
+            .join(
+                InstanceResult,
+                (InstanceResult.run_id == Job.run_id)
+                & (InstanceResult.instance_id == Job.instance_id)
+                & (InstanceResult.lease_token == Job.lease_token),
+            )
+            .where(InstanceResult.state == InstanceState.BOOTING.value)
+        ).all()
+    if not booting:
+        return 0, 0
+    by_lease = {(int(row.id), str(row.lease_token)): row for row in booting}
+    names = sorted({f"{row.instance_id} #{row.attempt}" for row in booting})
+    over = FlowRunFilterStateType(any_=[StateType(s) for s in _OVER])
+    dead: list[tuple[Any, str]] = []
+    with get_client(sync_client=True) as client:
+        for start in range(0, len(names), _PAGE):
+            offset = 0
+            while True:  # a name can recur across runs: page through every match
+                page = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        name=FlowRunFilterName(any_=names[start : start + _PAGE]),
+                        state=FlowRunFilterState(type=over),
+                    ),
+                    limit=_PAGE,
+                    offset=offset,
+                )
+                for fr in page:
+                    ref = (fr.parameters or {}).get("job")
+                    if not isinstance(ref, dict):
+                        continue
+                    row = by_lease.get((ref.get("job_id", 0), str(ref.get("token", ""))))
+                    if row is not None:
+                        dead.append((row, str(fr.id)))
+                if len(page) < _PAGE:
+                    break
+                offset += _PAGE
+    return _return_all(dead, (InstanceState.BOOTING,), "ended before the instance started")
 
 
 def _cancel_flow_runs(pairs: list[tuple[str, str]]) -> None:
@@ -266,10 +364,12 @@ def pool_counts() -> dict[str, dict[str, Any]]:
     return out
 
 
-def snapshot_capacity(ceilings: dict[str, int]) -> None:
-    """Write one capacity snapshot row per pool."""
+def snapshot_capacity(ceilings: dict[str, int], eval_backlog: int = 0) -> None:
+    """Write one capacity snapshot row per pool (``eval_backlog``: run-eval flow runs waiting
+    on the eval pool, counted as queued there)."""
     now = datetime.now(UTC)
     counts = pool_counts()
+    counts["eval"]["queued"] += eval_backlog
     with engine().begin() as conn:
         conn.execute(
             insert(CapacitySnapshot),
@@ -277,6 +377,33 @@ def snapshot_capacity(ceilings: dict[str, int]) -> None:
                 {"pool": pool, "taken_at": now, "ceiling": ceilings.get(pool, 0), **counts[pool]}
                 for pool in POOLS
             ],
+        )
+
+
+def eval_backlog() -> int:
+    """Run-eval flow runs waiting for a slot on the eval pool (Scheduled or Late in Prefect)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        WorkPoolFilter,
+        WorkPoolFilterName,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    with get_client(sync_client=True) as client:
+        return int(
+            client.count_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(
+                        type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])
+                    )
+                ),
+                work_pool_filter=WorkPoolFilter(
+                    name=WorkPoolFilterName(any_=[get_settings().eval_pool])
+                ),
+            )
         )
 
 
