@@ -14,21 +14,21 @@ import time
 from prefect import flow
 
 from evalfleet.settings import get_settings
-from tasks import dispatch, instance
+from tasks import dispatch, instance, launchers
 
 
-def make_launcher(kind: str) -> dispatch.Launcher:
+def make_launcher(kind: str) -> launchers.Launcher:
     settings = get_settings()
     if kind == "in-process":
-        return dispatch.InProcessLauncher(settings.in_process_threads)
-    return dispatch.WorkPoolLauncher(settings.instance_deployment, settings.static_cap)
+        return launchers.InProcessLauncher(settings.in_process_threads)
+    return launchers.WorkPoolLauncher(settings.instance_deployment, settings.static_cap)
 
 
-def dispatch_pass(launcher: dispatch.Launcher) -> int:
+def dispatch_pass(launcher: launchers.Launcher) -> int:
     """One admission pass; returns how many instances were started."""
     allowed = dispatch.admission(get_settings().static_cap, launcher.free_slots())
     leases = dispatch.claim_admitted(allowed)
-    errors = dispatch.launch_all(launcher, leases)
+    errors = launchers.launch_all(launcher, leases)
     failed = [(lease, exc) for lease, exc in zip(leases, errors, strict=True) if exc is not None]
     # nothing claimed in this pass stays leased without a flow run to hold it
     for lease, exc in failed:

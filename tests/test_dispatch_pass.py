@@ -214,7 +214,7 @@ def test_the_work_pool_launcher_creates_flow_runs_or_requeues_every_claim(
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     from flows.instance import run_instance
-    from tasks.dispatch import WorkPoolLauncher
+    from tasks.launchers import WorkPoolLauncher
 
     prefect.context.refresh_global_settings_context()
     a = run(ledger, 5)

@@ -214,7 +214,7 @@ def _new_run(n: int, prefix: str) -> str:
 def measure_admission(jobs: int, deployment: str, timeout_s: float) -> tuple[float, int]:
     """Seconds for the dispatcher to turn ``jobs`` queued jobs into flow runs; jobs started."""
     from flows.dispatch import dispatch_pass
-    from tasks.dispatch import WorkPoolLauncher
+    from tasks.launchers import WorkPoolLauncher
 
     _new_run(jobs, "dispatch")
     launcher = WorkPoolLauncher(deployment, jobs)
@@ -230,8 +230,8 @@ def measure_admission(jobs: int, deployment: str, timeout_s: float) -> tuple[flo
 def measure_run_deployment(jobs: int, deployment: str) -> float:
     """Jobs/s of the one-at-a-time path (``WorkPoolLauncher.launch``: ``run_deployment``)."""
     from ledger import queue
-    from tasks.dispatch import WorkPoolLauncher
     from tasks.instance import JobRef
+    from tasks.launchers import WorkPoolLauncher
     from tasks.ledger_io import engine
 
     run_id = _new_run(jobs, "single")
