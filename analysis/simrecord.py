@@ -105,11 +105,9 @@ class _RecordingGate:
         self.inner = inner
         self.offered = offered
 
-    def offer(self, now: float, call: int, *task: float) -> bool:
-        # ``*task``: whatever else the engine tells the gate about the call (its task's start),
-        # passed through untouched
+    def offer(self, now: float, call: int) -> bool:
         self.offered[call] = now
-        return self.inner.offer(now, call, *task)
+        return self.inner.offer(now, call)
 
     def release(self, now: float, call: int, ok: bool) -> None:
         self.inner.release(now, call, ok)
