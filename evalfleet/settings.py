@@ -215,6 +215,28 @@ class Settings(BaseSettings):
         le=10_000,
         description="Queued evaluations per eval-pool concurrency slot the scaler provides.",
     )
+    eval_launcher: Literal["in-process", "work-pool"] = Field(
+        default="in-process",
+        description="Where an instance's evaluation stage runs: `in-process` (inside its "
+        "run-instance flow run) or `work-pool` (a `run-eval` flow run on the eval pool, handed "
+        "the instance's lease; the harness's flow run ends once it is created).",
+    )
+    eval_deployment: str = Field(
+        default="run-eval/eval",
+        min_length=3,
+        max_length=200,
+        pattern="^[^/]+/[^/]+$",
+        description="`flow/deployment` of the evaluation stage when `eval_launcher` is "
+        "`work-pool`.",
+    )
+    eval_wait_s: float = Field(
+        default=3600.0,
+        ge=10.0,
+        le=86_400.0,
+        description="Seconds a handed-off evaluation may wait for an eval-pool slot: its lease "
+        "is extended by this much at the hand-off (the run-eval flow run then heartbeats it); a "
+        "run-eval flow run that ends without landing is requeued at the next supervisor tick.",
+    )
 
     s3_endpoint_url: str | None = Field(
         default=None,

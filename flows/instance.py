@@ -2,9 +2,12 @@
 
 Sequence: heartbeat the lease in the background → ``running`` → harness stage through the
 gateway → ``evaluating`` → evaluation stage (in this flow run) → land the terminal row and delete
-the job in one transaction. An agent failure (``HarnessFailed``) lands as ``error``; anything
-else — a 429 or outage after the gateway's retries, a crash of our own code — sends the job back
-to the queue, never scored. A lease lost meanwhile (reaped) makes the landing a no-op refusal.
+the job in one transaction. With ``EVALFLEET_EVAL_LAUNCHER=work-pool`` the flow run ends at
+``evaluating`` instead: it hands the lease to a ``run-eval`` flow run on the eval pool
+(``flows.evaluate``), which lands the row. An agent failure (``HarnessFailed``) lands as
+``error``; anything else — a 429 or outage after the gateway's retries, a crash of our own
+code — sends the job back to the queue, never scored. A lease lost meanwhile (reaped) makes
+the landing a no-op refusal.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tasks.instance import JobRef
 
 harness_stage = task(name="harness-stage")(steps.run_harness)
 evaluation_stage = task(name="evaluation-stage")(steps.evaluate)
+hand_to_eval = task(name="hand-to-eval")(steps.hand_to_eval)
 
 
 @flow(name="run-instance", log_prints=False, persist_result=False)
@@ -35,6 +39,10 @@ def run_instance(job: JobRef) -> str:
             failure: HarnessFailed | None = None
             try:
                 result = harness_stage(lease, cfg)
+                if steps.evaluates_on_pool(cfg):
+                    beat.stop()  # from here the run-eval flow run holds the lease
+                    hand_to_eval(lease, result)
+                    return "evaluating"
                 verdict = evaluation_stage(lease, cfg, result.patch)
             except HarnessFailed as exc:
                 failure = exc

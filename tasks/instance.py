@@ -6,6 +6,13 @@ the instance, and a stale token is refused by the ledger (``StaleLease``).
 
 ``Heartbeat`` extends the lease in a background thread while the stages run; if the lease is
 lost (reaped and re-claimed) it notes it, and the landing will be refused.
+
+With ``EVALFLEET_EVAL_LAUNCHER=work-pool`` the evaluation stage runs in a ``run-eval`` flow run
+on the eval pool (``hand_to_eval``): the harness stage keeps its usage and patch on the
+instance row, extends the lease by ``eval_wait_s`` (the time an evaluation may wait for an
+eval-pool slot), creates the run-eval flow run with the same job reference and records its id
+on the row, so the supervisor watches that flow run from then on. The run-eval flow run
+heartbeats the same lease and lands the terminal row (``kept_result`` gives it the usage back).
 """
 
 from __future__ import annotations
@@ -17,17 +24,18 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
-from evalfleet.errors import EvalfleetError, HarnessFailed, StaleLease
+from evalfleet.errors import EvalfleetError, HarnessFailed, NotFound, StaleLease
 from evalfleet.runconfig import RunConfig
 from evalfleet.settings import get_settings
 from evalfleet.states import InstanceState
 from harnesses import make_evaluator, make_harness
 from harnesses.base import Evaluation, HarnessContext, HarnessResult
 from ledger import queue
-from ledger.models import LlmCall, Run
+from ledger.db import write_transaction
+from ledger.models import InstanceResult, LlmCall, Run
 from ledger.queue import Lease, Outcome
 from ledger.reaper import requeue as queue_requeue
 from tasks.keys import load_gateway_key
@@ -100,9 +108,14 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
+        """Stop beating (idempotent); no beat is sent after this returns."""
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def load_run_config(run_id: str) -> RunConfig:
@@ -190,3 +203,109 @@ def requeue(lease: Lease, error: EvalfleetError | Exception) -> InstanceState:
     """Back to the queue (or ``lost`` past max attempts): not the agent's fault."""
     label = getattr(error, "error_class", type(error).__name__)
     return queue_requeue(engine(), lease, f"{label}: {error}"[:1000])
+
+
+# --- the evaluation stage on the eval pool --------------------------------------------------
+
+
+def evaluates_on_pool(cfg: RunConfig) -> bool:
+    """Whether this run's evaluation stage is handed to a run-eval flow run on the eval pool."""
+    return cfg.evaluator is not None and get_settings().eval_launcher == "work-pool"
+
+
+def _mine(lease: Lease, state: InstanceState) -> Any:
+    return (
+        (InstanceResult.run_id == lease.run_id)
+        & (InstanceResult.instance_id == lease.instance_id)
+        & (InstanceResult.lease_token == lease.token)
+        & (InstanceResult.state == state.value)
+    )
+
+
+def hand_to_eval(lease: Lease, result: HarnessResult) -> str:
+    """``running → evaluating`` for a run-eval flow run on the eval pool; returns its id.
+
+    The harness's usage and patch stay on the row, the lease is extended by ``eval_wait_s``
+    (stop the harness's heartbeat first: a later beat would shorten it again), and the flow
+    run is created with the same job reference (idempotent per lease). StaleLease if the lease
+    was lost; NotFound if the eval deployment does not exist (the caller requeues the job).
+    """
+    settings = get_settings()
+    with write_transaction(engine()) as conn:
+        kept = conn.execute(
+            update(InstanceResult)
+            .where(_mine(lease, InstanceState.RUNNING))
+            .values(
+                calls=result.calls,
+                input_tokens=result.input_tokens,
+                cached_input_tokens=result.cached_input_tokens,
+                output_tokens=result.output_tokens,
+            )
+        )
+        if kept.rowcount != 1:
+            raise StaleLease(f"{lease.run_id}/{lease.instance_id}: lease lost before evaluation")
+    queue.mark_evaluating(
+        engine(), lease, patch=result.patch, visibility_timeout_s=settings.eval_wait_s
+    )
+    flow_run_id = _create_eval_flow_run(JobRef.of(lease), settings.eval_deployment)
+    record_eval_flow_run(lease, flow_run_id)
+    return flow_run_id
+
+
+def _create_eval_flow_run(ref: JobRef, deployment: str) -> str:
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            deployment_id = client.read_deployment_by_name(deployment).id
+        except ObjectNotFound:
+            raise NotFound(
+                f"deployment {deployment} does not exist on the Prefect API "
+                "(EVALFLEET_EVAL_DEPLOYMENT; `evalfleet deploy` creates it)"
+            ) from None
+        flow_run = client.create_flow_run_from_deployment(
+            deployment_id,
+            parameters={"job": ref.model_dump()},
+            name=f"{ref.instance_id} #{ref.attempt} eval",
+            tags=["evalfleet", "eval", f"run:{ref.run_id}"],
+            idempotency_key=f"evalfleet-eval-{ref.job_id}-{ref.token}",
+        )
+    return str(flow_run.id)
+
+
+def record_eval_flow_run(lease: Lease, flow_run_id: str | None) -> None:
+    """Name ``flow_run_id`` as the evaluating attempt's flow run (no-op once it has landed, or
+    without a flow run)."""
+    if flow_run_id is None:
+        return
+    with write_transaction(engine()) as conn:
+        conn.execute(
+            update(InstanceResult)
+            .where(_mine(lease, InstanceState.EVALUATING))
+            .values(flow_run_id=flow_run_id)
+        )
+
+
+def kept_result(lease: Lease) -> HarnessResult:
+    """The harness stage's patch and usage kept on the evaluating row (StaleLease if the lease
+    is no longer this attempt's or the instance is not evaluating)."""
+    with engine().connect() as conn:
+        row = conn.execute(
+            select(
+                InstanceResult.patch,
+                InstanceResult.calls,
+                InstanceResult.input_tokens,
+                InstanceResult.cached_input_tokens,
+                InstanceResult.output_tokens,
+            ).where(_mine(lease, InstanceState.EVALUATING))
+        ).first()
+    if row is None:
+        raise StaleLease(f"{lease.run_id}/{lease.instance_id}: not evaluating under this lease")
+    return HarnessResult(
+        patch=row.patch,
+        calls=int(row.calls or 0),
+        input_tokens=int(row.input_tokens or 0),
+        cached_input_tokens=int(row.cached_input_tokens or 0),
+        output_tokens=int(row.output_tokens or 0),
+    )

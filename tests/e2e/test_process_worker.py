@@ -1,18 +1,23 @@
-"""A 20-instance run on a real Prefect ``process`` worker, with one instance killed mid-call.
+"""A 20-instance run on real Prefect ``process`` workers, with one instance killed mid-call and
+every evaluation run as a ``run-eval`` flow run on the eval pool.
 
 One run is shared by the assertions (it needs several planner and supervisor ticks at their
 DEFAULT cadence, 15 s and 30 s, so it takes about a minute and a half):
 
-* ``evalfleet deploy`` against the session's Prefect server; a ``prefect worker start --type
-  process`` subprocess on the harness pool (its own session, stopped by PID); the simulated
-  provider and the gateway served in this process (``evalfleet.embedded``).
+* ``evalfleet deploy`` against the session's Prefect server; one ``prefect worker start --type
+  process`` subprocess per pool, harness and eval (each in its own session, stopped by PID);
+  the simulated provider and the gateway served in this process (``evalfleet.embedded``).
 * The run is launched THROUGH the ``launch-run/launch`` deployment (``run_deployment``): the
   worker runs the launch flow in its own process.
 * The dispatcher (work-pool launcher: each instance is a ``run-instance/process`` flow run the
   worker starts as a process), the planner loop and the supervisor loop run as in-test threads
   calling the loop flows (``dispatcher_loop``, ``planner_loop``, ``supervisor_loop``) with the
-  default ticks. The evaluation stage runs inside each instance's flow run (simulated
-  evaluator), so no eval-pool worker is needed.
+  default ticks.
+* The evaluation stage (``simulated`` evaluator: 0.5 s, resolve rate 0.5) runs on the eval pool
+  (``EVALFLEET_EVAL_LAUNCHER=work-pool``): each run-instance flow run hands its lease to a
+  ``run-eval`` flow run, which the eval-pool worker starts as a process. The pool starts at the
+  scaler's minimum (1 slot), so evaluations queue up there and the supervisor's eval-fleet
+  scaler raises the pool's limit (one slot per waiting evaluation), then lowers it once they are done.
 * While the fleet runs, the process of one instance that is mid-way through its LLM calls is
   killed with SIGKILL (found through its flow run's ``infrastructure_pid``): the worker marks
   its flow run Crashed, the supervisor's reaper requeues the attempt at its next tick (without
@@ -38,9 +43,11 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from prefect import get_client
 from sqlalchemy import func, select
 
 from evalfleet.settings import child_environment, get_settings
+from harnesses.simulated import instance_rng
 from ledger.models import (
     ApiKey,
     CapacitySnapshot,
@@ -57,6 +64,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.prefect, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 N = 20
 HARNESS_POOL = "evalfleet-harness"
+EVAL_POOL = "evalfleet-eval"
+RESOLVE_RATE = 0.5
 PLANNER_TICK_S, SUPERVISOR_TICK_S, TOLERANCE_S = 15.0, 30.0, 3.0
 VISIBILITY_S = 120.0  # the default: covers a flow-run process booting on a busy 2-core box
 
@@ -69,7 +78,10 @@ def run_config() -> dict[str, Any]:
             # 4 calls over ~4 s: long enough to kill one mid-call, short enough for the box
             "options": {"calls_median": 4, "calls_sigma": 0.0, "think_s": 1.0, "token_scale": 0.05},
         },
-        "evaluator": {"name": "simulated", "options": {"duration_s": 0.0, "resolve_rate": 0.5}},
+        "evaluator": {
+            "name": "simulated",
+            "options": {"duration_s": 0.5, "resolve_rate": RESOLVE_RATE},
+        },
         "alias": "sim-openai",
         "instances": [f"pw-{i:02d}" for i in range(N)],
         "caps": {"spend_usd": 5.0},
@@ -212,6 +224,20 @@ def _kill_one_mid_call(run_id: str, deadline_s: float) -> tuple[str, str]:
     pytest.fail("no instance was seen mid-call to kill")
 
 
+def _eval_flow_runs(client: Any, run_id: str) -> list[Any]:
+    """The run's run-eval flow runs (tagged ``run:<id>`` and ``eval`` by the hand-off)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    return list(
+        client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=["evalfleet", "eval", f"run:{run_id}"])
+            ),
+            limit=200,
+        )
+    )
+
+
 def _watch(run_id: str, stop: threading.Event) -> None:
     """Print the run's progress every 10 s (shown by pytest when the test fails)."""
     from tasks.progress import from_ledger
@@ -236,6 +262,8 @@ def test_a_20_instance_run_on_a_process_worker_survives_a_kill_9(
         "EVALFLEET_DISPATCH_TICK_S": "0.5",
         "EVALFLEET_PROJECT_DIR": str(ROOT),
         "EVALFLEET_VALKEY_URL": redis_url,
+        "EVALFLEET_EVAL_LAUNCHER": "work-pool",
+        "EVALFLEET_EVAL_PER_SLOT": "1",
     }.items():
         monkeypatch.setenv(key, value)
     for var in ("EVALFLEET_PLANNER_TICK_S", "EVALFLEET_SUPERVISOR_TICK_S"):
@@ -254,7 +282,11 @@ def test_a_20_instance_run_on_a_process_worker_survives_a_kill_9(
     deployed = CliRunner().invoke(cli, ["deploy"], catch_exceptions=False)
     assert deployed.exit_code == 0, deployed.output
     _clear_leftover_runs(HARNESS_POOL)
+    _clear_leftover_runs(EVAL_POOL)
     worker(HARNESS_POOL)
+    worker(EVAL_POOL)
+    with get_client(sync_client=True) as client:
+        assert client.read_work_pool(EVAL_POOL).concurrency_limit == settings.eval_concurrency_min
 
     from prefect.deployments import run_deployment
 
@@ -305,6 +337,8 @@ def test_a_20_instance_run_on_a_process_worker_survives_a_kill_9(
                     InstanceResult.attempt,
                     InstanceResult.flow_run_id,
                     InstanceResult.calls,
+                    InstanceResult.resolved,
+                    InstanceResult.patch,
                 ).where(InstanceResult.run_id == run_id)
             )
         }
@@ -327,6 +361,11 @@ def test_a_20_instance_run_on_a_process_worker_survives_a_kill_9(
                 .order_by(CapacitySnapshot.id)
             ).scalars()
         )
+        eval_snapshots = conn.execute(
+            select(CapacitySnapshot.queued, CapacitySnapshot.ceiling)
+            .where(CapacitySnapshot.pool == "eval")
+            .order_by(CapacitySnapshot.id)
+        ).all()
 
     # 20 terminal rows, every instance landed exactly once, nothing left queued
     assert len(rows) == N
@@ -341,14 +380,43 @@ def test_a_20_instance_run_on_a_process_worker_survives_a_kill_9(
     killed = rows[killed_instance]
     assert killed.attempt >= 2
     assert killed.flow_run_id != killed_flow_run
-    from prefect import get_client
-
     with get_client(sync_client=True) as client:
         crashed = client.read_flow_run(uuid.UUID(killed_flow_run)).state
         assert crashed is not None and crashed.is_final() and not crashed.is_completed(), crashed
-        for r in rows.values():  # each landing row belongs to a completed flow run
-            state = client.read_flow_run(uuid.UUID(r.flow_run_id)).state
-            assert state is not None and state.is_completed(), (r.instance_id, state)
+        eval_deployment = client.read_deployment_by_name("run-eval/eval")
+        eval_runs = _eval_flow_runs(client, run_id)
+    # every instance passed through `evaluating` and was landed by its run-eval flow run on the
+    # eval pool: one completed run-eval flow run per instance, none other
+    assert sorted(fr.parameters["job"]["instance_id"] for fr in eval_runs) == sorted(rows), [
+        (fr.name, fr.state_name) for fr in eval_runs
+    ]
+    for fr in eval_runs:
+        r = rows[fr.parameters["job"]["instance_id"]]
+        assert fr.deployment_id == eval_deployment.id and fr.work_pool_name == EVAL_POOL, fr
+        assert fr.state is not None and fr.state.is_completed(), (fr.name, fr.state)
+        assert fr.parameters["job"]["attempt"] == r.attempt
+        assert str(fr.id) == r.flow_run_id  # the landing row names its run-eval flow run
+
+    # the scored results are the evaluator's verdicts (deterministic per run and instance),
+    # landed with the harness stage's usage handed over through the row
+    expected = {
+        i
+        for i, r in rows.items()
+        if r.patch and instance_rng(run_id, f"eval:{i}").random() < RESOLVE_RATE
+    }
+    assert {i for i, r in rows.items() if r.state == "resolved"} == expected
+    assert all(r.resolved == (i in expected) for i, r in rows.items())
+    assert 0 < len(expected) < N
+
+    # the eval-fleet scaler raised the eval pool's limit while evaluations waited for a slot,
+    # and lowered it to the minimum once they were done
+    print("eval snapshots (queued, limit)", [tuple(x) for x in eval_snapshots])
+    low = settings.eval_concurrency_min
+    assert max(x.ceiling for x in eval_snapshots) > low, eval_snapshots
+    assert max(x.queued for x in eval_snapshots) > low, eval_snapshots
+    assert eval_snapshots[-1].ceiling == low, eval_snapshots
+    with get_client(sync_client=True) as client:
+        assert client.read_work_pool(EVAL_POOL).concurrency_limit == low
 
     # progress: the Valkey hash and the Prefect progress artifact say what the ledger says
     from tasks import progress
