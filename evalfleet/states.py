@@ -86,6 +86,10 @@ INSTANCE_TERMINAL: frozenset[InstanceState] = frozenset(
 )
 #: Instance states that hold a lease (a claimed job): they may return to ``queued``.
 INSTANCE_LEASED: frozenset[InstanceState] = frozenset({_I.BOOTING, _I.RUNNING, _I.EVALUATING})
+#: Instance states that draw on the LLM provider: the harness fleet the planner sizes and the
+#: dispatcher admits against. An ``evaluating`` instance is done calling the LLM (its grading
+#: runs on the eval pool or holds an in-process launcher thread, which the launcher counts).
+INSTANCE_CALLING: frozenset[InstanceState] = frozenset({_I.BOOTING, _I.RUNNING})
 #: Outcomes an instance lands with (``lost`` is decided by the queue, not by the instance).
 INSTANCE_OUTCOMES: frozenset[InstanceState] = _ENDINGS
 #: Run states whose queued jobs may be claimed (``draining`` still finishes requeued work).

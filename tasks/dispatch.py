@@ -14,8 +14,8 @@ planner slows the alias to the bootstrap ceiling (logged as a warning) instead o
 or leaving it at a ceiling nobody revises. Runs on one alias split it by
 priority, each within its own caps and demand (``planner.shares.fair_shares``: a share one run
 cannot use goes to the others). A run's allowance is its ceiling minus its live tasks (booting +
-running + evaluating: a claimed job is ``booting`` before its flow run exists, so it counts at
-once), at most its queued jobs. The allowances are then bounded, again by priority, by what is
+running, ``INSTANCE_CALLING``: a claimed job is ``booting`` before its flow run exists, so it
+counts at once; an ``evaluating`` instance is done with the LLM and does not), at most its queued jobs. The allowances are then bounded, again by priority, by what is
 left of the alias's ceiling, of the static cap (live tasks of every run count) and of the
 launcher's free slots. A paused harness pool admits nothing; a paused run (flag or state) keeps
 its live tasks but gets no new ones. ``claim_admitted`` claims each run's own allowance
@@ -37,7 +37,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select
 
 from evalfleet.settings import get_settings
-from evalfleet.states import INSTANCE_LEASED, RUN_CLAIMABLE, RUN_TERMINAL
+from evalfleet.states import INSTANCE_CALLING, RUN_CLAIMABLE, RUN_TERMINAL
 from ledger.clock import as_utc
 from ledger.controls import alias_ceiling_overrides
 from ledger.models import InstanceResult, Job, PauseFlag, PlannerDecision, Run
@@ -46,7 +46,7 @@ from planner.shares import RunDemand, fair_shares
 from tasks.ledger_io import engine, sessions
 
 log = logging.getLogger(__name__)
-_LEASED = tuple(s.value for s in INSTANCE_LEASED)
+_CALLING = tuple(s.value for s in INSTANCE_CALLING)
 _CLAIMABLE = tuple(s.value for s in RUN_CLAIMABLE)
 _TERMINAL = tuple(s.value for s in RUN_TERMINAL)
 HARNESS_POOL = "harness"
@@ -112,7 +112,7 @@ def run_loads() -> list[RunLoad]:
             run_id: int(n)
             for run_id, n in conn.execute(
                 select(InstanceResult.run_id, func.count())
-                .where(InstanceResult.state.in_(_LEASED))
+                .where(InstanceResult.state.in_(_CALLING))
                 .group_by(InstanceResult.run_id)
             ).all()
         }

@@ -44,7 +44,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from evalfleet.settings import get_settings
-from evalfleet.states import RUN_CLAIMABLE
+from evalfleet.states import INSTANCE_CALLING, RUN_CLAIMABLE
 from ledger.clock import as_utc
 from ledger.controls import alias_ceiling_overrides
 from ledger.models import InstanceResult, Job, PauseFlag, PlannerDecision, Run
@@ -84,7 +84,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _CLAIMABLE = tuple(s.value for s in RUN_CLAIMABLE)
-_LIVE = ("booting", "running", "evaluating")
+_LIVE = tuple(s.value for s in INSTANCE_CALLING)  # an evaluating task calls no LLM
 PLANNER_ACTOR = "planner"
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine, func, insert, select, update
 
 from evalfleet.errors import NotFound
 from evalfleet.settings import get_settings
@@ -271,3 +271,21 @@ def test_the_decision_max_age_defaults_to_four_ticks_and_must_outlast_two() -> N
         load_settings(planner_tick_s=15.0, planner_decision_max_age_s=20.0)
     with pytest.raises(SettingsError, match="EVALFLEET_BOOTSTRAP_CEILING"):
         load_settings(bootstrap_ceiling=0)
+
+
+def test_an_evaluating_instance_does_not_hold_a_harness_slot(ledger: Engine) -> None:
+    """An instance whose harness stage is over calls no LLM: its grading (on the eval pool)
+    must not keep the next instance from starting under the planner's ceiling."""
+    rid = run(ledger, 6)
+    decide(ledger, "sim-openai", 2)
+    launcher = Recorder()
+    assert dispatch_pass(launcher) == 2
+    assert dispatch_pass(launcher) == 0  # two booting: the ceiling is full
+    with ledger.begin() as conn:
+        conn.execute(
+            update(InstanceResult)
+            .where(InstanceResult.run_id == rid, InstanceResult.state == "booting")
+            .values(state="evaluating")
+        )
+    assert dispatch_pass(launcher) == 2  # both are grading: two more may call the LLM
+    assert booting(ledger, rid) == 2
