@@ -189,8 +189,19 @@ def _artifacts(key: str) -> list:
 
 @pytest.mark.prefect
 def test_a_prefect_progress_artifact_per_run(ledger: str, prefect_api_url: str) -> None:
+    from prefect import flow
+
+    # as in production (the supervisor's and instances' flows): artifacts come from a flow run
+    @flow(name="progress-artifact-test", persist_result=False)
+    def publish_first() -> object:
+        return progress.publish_artifact(progress.from_ledger(ledger))
+
+    @flow(name="progress-artifact-test", persist_result=False)
+    def publish_all() -> list[progress.Progress]:
+        return progress.publish_runs([ledger])
+
     key = progress.artifact_key(ledger)
-    first = progress.publish_artifact(progress.from_ledger(ledger))
+    first = publish_first()
     [art] = _artifacts(key)
     assert art.id == first and art.type == "progress"
     assert float(art.data) == 40.0
@@ -201,7 +212,7 @@ def test_a_prefect_progress_artifact_per_run(ledger: str, prefect_api_url: str) 
             .where(InstanceResult.run_id == ledger)
             .values(state="resolved", finished_at=T0 + timedelta(seconds=60))
         )
-    published = progress.publish_runs([ledger])
+    published = publish_all()
     assert [p.terminal for p in published] == [5]
     [again] = _artifacts(key)  # updated in place, not a second artifact
     assert again.id == first and float(again.data) == 100.0
