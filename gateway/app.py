@@ -404,6 +404,7 @@ class Gateway:
             out_headers = passthrough_headers(upstream.headers)
             if upstream.status_code == 200:
                 self._observe(call, upstream, LimitType.NONE, None, None)
+                self._sync_pacer(call, upstream)
                 try:
                     usage_from_body(call.flavour, json.loads(raw), call.usage)
                 except ValueError:
@@ -415,6 +416,9 @@ class Gateway:
                 )
             verdict = classify(upstream.status_code, upstream.headers, raw, now_epoch=self._clock())
             self._observe(call, upstream, verdict.limit_type, verdict.limits, verdict.remaining)
+            if verdict.remaining:
+                # the provider's bucket is emptier than the pacer's: retries must not storm it
+                self.pacer.observe_remaining(call.alias.name, verdict.remaining)
             limit = None if verdict.limit_type is LimitType.NONE else verdict.limit_type.value
             self._record(call, upstream.status_code, latency, limit)
             wait = verdict.retry_after_s if verdict.retry_after_s is not None else 1.0
@@ -459,6 +463,7 @@ class Gateway:
 
         headers = passthrough_headers(upstream.headers)
         self._observe(call, upstream, LimitType.NONE, None, None)
+        self._sync_pacer(call, upstream)
         return StreamingResponse(
             relay(),
             status_code=200,
@@ -570,6 +575,15 @@ class Gateway:
                 last_limited_at=now if limited else None,
             )
         )
+
+    def _sync_pacer(self, call: _Call, upstream: httpx.Response) -> None:
+        """A success's rate-limit headers say what is left of the provider's buckets: the
+        pacer holds no more (a limit that dropped, or other users of the key, show here first)."""
+        if not any("remaining" in k.lower() for k in upstream.headers):
+            return
+        seen = classify(200, upstream.headers, None, now_epoch=self._clock())
+        if seen.remaining:
+            self.pacer.observe_remaining(call.alias.name, seen.remaining)
 
     def _settle_now(self, call: _Call, settled_cost: int) -> None:
         """Settle pacer and spend for a call, once (in a tracked background task)."""

@@ -17,12 +17,13 @@ import contextlib
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.aliases import Alias, Aliases
 from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable, Permit
-from planner.budgets import Budgets, TokenClass
+from planner.budgets import Budgets, TokenClass, header_classes
+from planner.classify import LimitType
 from planner.pacer import PacerCore
 
 
@@ -86,11 +87,29 @@ class InProcessPacer:
     def budgets(self, alias: str) -> Budgets:
         return self._pacer(alias).core.budgets
 
+    def levels(self, alias: str) -> dict[str, float]:
+        """The alias's bucket levels now (what may be sent at once)."""
+        return self._pacer(alias).core.levels(self._clock())
+
     def set_budgets(self, alias: str, budgets: Budgets) -> None:
         pacer = self._pacer(alias)
         pacer.core.set_budgets(budgets, self._clock())
         pacer.failure = None
         pacer.changed.set()
+
+    def observe_remaining(self, alias: str, remaining: Mapping[LimitType, float]) -> None:
+        pacer = self._pacers.get(alias)
+        if pacer is None or not remaining:
+            return
+        spec = self._aliases[alias]
+        pacer.core.observe_remaining(
+            header_classes(
+                remaining,
+                token_class=token_class(spec),
+                has_output_budget=pacer.core.budgets.output_tokens_per_s is not None,
+            ),
+            self._clock(),
+        )
 
     def fail(self, alias: str, reason: str) -> None:
         """Stop admitting on ``alias`` (queued callers get ``PacerUnavailable``)."""

@@ -9,9 +9,11 @@ limits every few seconds — Prefect is the source of truth).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from planner.classify import LimitType
 from planner.pacer import CallEstimate, CallUsage
 
 __all__ = ["CallEstimate", "CallUsage", "Pacer", "PacerUnavailable", "Permit"]
@@ -42,6 +44,10 @@ class Pacer(Protocol):
 
     async def settle(self, permit: Permit, usage: CallUsage | None) -> None:
         """The call finished (``usage``) or failed (None): settle the estimate, free in-flight."""
+
+    def observe_remaining(self, alias: str, remaining: Mapping[LimitType, float]) -> None:
+        """The provider's rate-limit headers state what is left of its buckets (per limit
+        type, as stated): no bucket of the alias's pacer holds more."""
 
     async def close(self) -> None:
         """Stop background work."""

@@ -79,6 +79,7 @@ __all__ = [
     "TokenClass",
     "WindowObservation",
     "header_budgets",
+    "header_classes",
     "initial_state",
     "rebase",
     "step",
@@ -92,12 +93,27 @@ def header_budgets(
     has_output_budget: bool,
 ) -> dict[BudgetClass, float]:
     """Header limits (per minute) → per-second caps of the budget classes they bind."""
+    per_minute = header_classes(
+        observed_limits, token_class=token_class, has_output_budget=has_output_budget
+    )
+    return {cls: v / 60.0 for cls, v in per_minute.items() if v > 0}
+
+
+def header_classes(
+    values: Mapping[LimitType, float],
+    *,
+    token_class: TokenClass,
+    has_output_budget: bool,
+) -> dict[BudgetClass, float]:
+    """Header values by limit type (limits or remaining, as stated) → by the budget class they
+    bind: requests; the alias's counted token class (the combined limit, or input tokens, or
+    OpenAI's single token limit for an input alias); output tokens when the alias budgets them."""
     out: dict[BudgetClass, float] = {}
 
     def take(lt: LimitType, bc: BudgetClass) -> None:
-        v = observed_limits.get(lt)
-        if v is not None and math.isfinite(v) and v > 0:
-            out[bc] = v / 60.0
+        v = values.get(lt)
+        if v is not None and math.isfinite(v) and v >= 0:
+            out[bc] = v
 
     take(LimitType.REQUESTS, BudgetClass.REQUESTS)
     if token_class == "combined":

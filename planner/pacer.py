@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from planner.budgets import BudgetClass, Budgets, TokenClass
@@ -327,6 +328,21 @@ class PacerCore:
         self._used_calls = self._used_tokens = self._used_output = 0.0
         self._peak_inflight = float(self._inflight)
         return usage
+
+    def observe_remaining(self, remaining: Mapping[BudgetClass, float], now: float) -> None:
+        """The provider stated how much of its buckets is left (rate-limit headers): no bucket
+        of ours holds more than that, so a burst the provider can no longer absorb — after its
+        limit dropped, or while retries of rejected calls drain it — is not sent. Nothing is
+        raised: the provider's refill shows up in later headers and in our own refill."""
+        self._advance(now)
+        for cls, bucket in (
+            (BudgetClass.REQUESTS, self._calls),
+            (BudgetClass.TOKENS, self._tokens),
+            (BudgetClass.OUTPUT_TOKENS, self._output),
+        ):
+            left = remaining.get(cls)
+            if bucket is not None and left is not None and math.isfinite(left):
+                bucket.level = min(bucket.level, max(left, 0.0))
 
     def cancel(self, call_id: str, now: float) -> bool:
         """Drop a queued call (client gone). Returns False if it was not queued."""

@@ -25,6 +25,7 @@ from planner.budgets import (
     ControllerConfig,
     TokenClass,
     WindowObservation,
+    header_classes,
     initial_state,
     step,
 )
@@ -209,6 +210,9 @@ class PlannerPolicy:
                 self._accepted.popleft()
             return
         throttle = (classification.limit_type, classification.retry_after_s)
+        if classification.remaining:
+            # the provider's buckets are emptier than ours: retries must not storm them
+            self._observe_remaining(classification, now)
         if self.state.in_cooldown(now):
             self._throttles.append(throttle)
             return
@@ -221,6 +225,17 @@ class PlannerPolicy:
             self.controller,
         )
         self.pacer.set_budgets(self.state.budgets, now)
+
+    def _observe_remaining(self, view: Classification, now: float) -> None:
+        """No pacer bucket holds more than the provider says is left of its own."""
+        self.pacer.observe_remaining(
+            header_classes(
+                view.remaining,
+                token_class=self.token_class,
+                has_output_budget=self.state.budgets.output_tokens_per_s is not None,
+            ),
+            now,
+        )
 
     def _delivered(self, now: float) -> dict[BudgetClass, float]:
         """What the provider accepted over the last cooldown, per budget class, per second."""
@@ -266,6 +281,8 @@ class PlannerPolicy:
         if self._answered or self._throttles:
             view = self.headers_now(now)
             observed = dict(view.limits) if view is not None and view.limits else None
+            if view is not None and view.remaining:
+                self._observe_remaining(view, now)
         obs = WindowObservation(
             now=now,
             throttles=tuple(self._throttles),

@@ -248,3 +248,16 @@ def test_take_usage_reports_net_use_per_budget_and_restarts() -> None:
     again = pacer.take_usage(3.0)
     assert again.calls == 0 and again.utilisation[BudgetClass.REQUESTS] == 0.0
     assert again.peak_inflight == 0
+
+
+def test_the_providers_remaining_caps_the_buckets_and_never_raises_them() -> None:
+    pacer = PacerCore(budgets(calls=10.0, tokens=1000.0), burst_s=60.0)
+    assert pacer.levels(0.0) == {"calls": 600.0, "tokens": 60_000.0}
+    pacer.observe_remaining({BudgetClass.REQUESTS: 3.0, BudgetClass.TOKENS: 500.0}, 0.0)
+    assert pacer.levels(0.0) == {"calls": 3.0, "tokens": 500.0}
+    est = CallEstimate(input_uncached=400)
+    assert pacer.request("a", est, 0.0).admitted
+    assert not pacer.request("b", est, 0.0).admitted  # 100 tokens left, not 59,600
+    assert pacer.next_ready_at(0.0) == pytest.approx(0.3)
+    pacer.observe_remaining({BudgetClass.TOKENS: 1e9}, 0.0)  # a stale, fuller reading
+    assert pacer.levels(0.0)["tokens"] == pytest.approx(100.0)

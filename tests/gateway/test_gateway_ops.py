@@ -84,3 +84,18 @@ def test_bad_requests_are_clear_and_not_forwarded(make_stack):
     r = httpx.post(stack.url + "/v1/chat/completions", json=BODY, timeout=5)
     assert r.status_code == 401
     assert stack.sim.stats == before
+
+
+def test_the_pacer_holds_no_more_than_the_providers_remaining(make_stack):
+    """The provider's headers say how much of its minute is left; the pacer's buckets (deep
+    here: 10,000 calls) come down to it, so a burst the provider cannot take is not sent."""
+    stack = make_stack()
+    secret = stack.new_run().gateway_key.get_secret_value()
+    pacer = stack.gateway.pacer
+    assert pacer.levels("sim-openai")["calls"] > 9_000
+    r = _post(stack, secret, BODY)
+    assert r.status_code == 200
+    left = float(r.headers["x-ratelimit-remaining-requests"])
+    assert left < 600
+    # the pacer refills at its own rate from there: allow a second of it
+    assert pacer.levels("sim-openai")["calls"] <= left + pacer.budgets("sim-openai").calls_per_s

@@ -225,10 +225,17 @@ def test_planner_keeps_the_limit_busy_without_429s_and_beats_baselines() -> None
 
 
 def test_request_count_429s_cut_only_the_calls_budget() -> None:
-    """Lesson: a request-count 429 leaves the token budgets alone."""
+    """Lesson: a request-count 429 leaves the token budgets alone. (The headers state the
+    limit, so the pacer keeps under it; the request limit then drops to a fifth mid-run and the
+    bucket runs dry before the next reading.)"""
     scenario = parse_scenario(
         parametric(
-            provider={"rpm": 300, "input_tpm": 10**8, "headers": "openai"},
+            provider={
+                "rpm": 300,
+                "input_tpm": 10**8,
+                "headers": "openai",
+                "changes": [{"at_s": 200, "rpm": 60}],
+            },
             alias_config={"calls_per_s": 9, "tokens_per_s": 50_000},
             instances=100,
         ),
