@@ -28,9 +28,10 @@ Rules, in the order ``step`` applies them:
    there). A class is cut at most once
    per ``cooldown_s`` (429s of calls sent before the cut do not cut again). A cut that follows
    an earlier cut of the class within ``2 x cooldown_s`` (the provider kept rejecting through
-   a whole cooldown) goes at least down to ``(1 - probe_margin)`` x what the provider accepted
-   over that cooldown (``WindowObservation.delivered``): a provider rejecting calls has an
-   empty bucket, so what it accepts is its refill rate, the limit itself. Without it a limit
+   a whole cooldown) goes down to ``(1 - probe_margin)`` x what the provider accepted over that
+   cooldown (``WindowObservation.delivered``), but not below ``cut**2`` x the level: a provider
+   rejecting calls has an empty bucket, so what it accepts is its refill rate, the limit itself
+   (less where rejected retries are charged against it too). Without it a limit
    that halved with no headers took three cuts, each a cooldown of 429s. When it accepted
    (about) everything the budget let through, the 429 is a residue of the overshoot that drew
    the last cut (a per-minute provider bucket still in debt): the budget only eases by
@@ -418,8 +419,11 @@ def _cut(
                 # that drew the last cut (the provider's per-minute bucket still in debt), not
                 # a sign the cut level is too high. Ease off a little; the level stays allowed.
                 return _eased(state, cls, level, now, config), False
-            # rejected through a whole cooldown: what the provider accepted is its limit
-            new_value = min(new_value, delivered * (1.0 - config.probe_margin))
+            # rejected through a whole cooldown: what the provider accepted is its limit —
+            # but not below two blind cuts: where rejected requests count against the limit
+            # (OpenAI), retries can keep the bucket so empty that little is accepted at all
+            measured = delivered * (1.0 - config.probe_margin)
+            new_value = max(min(new_value, measured), level * config.cut * config.cut)
     if config.cut_to_seed and level > seed_value:
         new_value = min(new_value, seed_value)  # the room above the seed was not there
     new_value = max(new_value, seed_value * config.min_fraction)
