@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evalfleet.documents import load_document, validate
 from evalfleet.errors import NotFound
+from planner.pacer import HOLD_AFTER_429_S
 
 Flavour = Literal["openai", "anthropic"]
 
@@ -54,6 +55,13 @@ class PacerSeed(_Strict):
     inflight_tokens: float = Field(gt=0, le=10**10)
     burst_s: float = Field(gt=0, le=600)
     cooldown_s: float = Field(ge=0, le=3600)
+    hold_after_429_s: float = Field(
+        default=HOLD_AFTER_429_S,
+        ge=0,
+        le=600,
+        description="Seconds of refill the pacer sends nothing after a 429 whose headers say "
+        "nothing of the provider's buckets (an empty bucket takes no retries at once).",
+    )
 
 
 class Alias(_Strict):

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 
 from gateway.aliases import Alias, Aliases
 from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable, Permit
-from planner.budgets import Budgets, TokenClass, header_classes
+from planner.budgets import BudgetClass, Budgets, TokenClass, header_classes
 from planner.classify import LimitType
 from planner.pacer import PacerCore
+
+_HELD = frozenset({BudgetClass.REQUESTS, BudgetClass.TOKENS, BudgetClass.OUTPUT_TOKENS})
 
 
 def token_class(alias: Alias) -> TokenClass:
@@ -110,6 +112,13 @@ class InProcessPacer:
             ),
             self._clock(),
         )
+
+    def hold(self, alias: str) -> None:
+        pacer = self._pacers.get(alias)
+        if pacer is None:
+            return
+        seconds = self._aliases[alias].pacer.hold_after_429_s
+        pacer.core.hold(_HELD, seconds, self._clock())
 
     def fail(self, alias: str, reason: str) -> None:
         """Stop admitting on ``alias`` (queued callers get ``PacerUnavailable``)."""

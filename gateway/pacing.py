@@ -49,5 +49,9 @@ class Pacer(Protocol):
         """The provider's rate-limit headers state what is left of its buckets (per limit
         type, as stated): no bucket of the alias's pacer holds more."""
 
+    def hold(self, alias: str) -> None:
+        """A 429 said nothing of the provider's buckets: send nothing on the alias for its
+        ``hold_after_429_s`` of refill (the provider's bucket is empty)."""
+
     async def close(self) -> None:
         """Stop background work."""

@@ -54,7 +54,8 @@ def pacer_values(row: PacerConfig) -> dict[str, Any]:
 
 
 def _seed_values(alias: Alias) -> dict[str, Any]:
-    return alias.pacer.model_dump()
+    # the constants the ledger versions (the gateway-local hold after a 429 is not one)
+    return alias.pacer.model_dump(include=set(PACER_FIELDS))
 
 
 def _validated(values: Mapping[str, Any], what: str) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def _validated(values: Mapping[str, Any], what: str) -> dict[str, Any]:
     ]
     controls.raise_problems(what, problems)
     try:
-        return PacerSeed.model_validate(dict(values)).model_dump()
+        return PacerSeed.model_validate(dict(values)).model_dump(include=set(PACER_FIELDS))
     except ValidationError as exc:
         raise ConfigError(what, format_validation_error(exc)) from None
 

@@ -28,14 +28,26 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from planner.budgets import BudgetClass, Budgets, TokenClass
 
-__all__ = ["Admission", "CallEstimate", "CallUsage", "PacerCore", "PacerUsage"]
+__all__ = [
+    "HOLD_AFTER_429_S",
+    "Admission",
+    "CallEstimate",
+    "CallUsage",
+    "PacerCore",
+    "PacerUsage",
+]
 
 _EPS = 1e-9
+#: Seconds of refill the pacer holds back after a 429 that states nothing of the provider's
+#: buckets (``PacerCore.hold``). Measured on the simulator over 32 random and 28 shipped-scenario
+#: runs: 2 s and 5 s both cut no-header 429s ~10x (``parametric-limit-drop`` rate 0.0031-0.0056
+#: to 0.0004) at no cost in makespan; 5 s also cleared one more random scenario.
+HOLD_AFTER_429_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -343,6 +355,19 @@ class PacerCore:
             left = remaining.get(cls)
             if bucket is not None and left is not None and math.isfinite(left):
                 bucket.level = min(bucket.level, max(left, 0.0))
+
+    def hold(self, classes: Collection[BudgetClass], seconds: float, now: float) -> None:
+        """Send nothing on ``classes`` for ``seconds`` of their refill: a provider that rejected
+        a call and says nothing of its buckets has an empty one, and calls (retries first)
+        sent into it at once are rejected too; the held time lets it refill."""
+        self._advance(now)
+        for cls, bucket in (
+            (BudgetClass.REQUESTS, self._calls),
+            (BudgetClass.TOKENS, self._tokens),
+            (BudgetClass.OUTPUT_TOKENS, self._output),
+        ):
+            if bucket is not None and cls in classes:
+                bucket.level = min(bucket.level, -bucket.rate * seconds)
 
     def cancel(self, call_id: str, now: float) -> bool:
         """Drop a queued call (client gone). Returns False if it was not queued."""

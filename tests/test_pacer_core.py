@@ -261,3 +261,17 @@ def test_the_providers_remaining_caps_the_buckets_and_never_raises_them() -> Non
     assert pacer.next_ready_at(0.0) == pytest.approx(0.3)
     pacer.observe_remaining({BudgetClass.TOKENS: 1e9}, 0.0)  # a stale, fuller reading
     assert pacer.levels(0.0)["tokens"] == pytest.approx(100.0)
+
+
+def test_a_hold_sends_nothing_for_its_seconds_of_refill() -> None:
+    pacer = PacerCore(budgets(calls=10.0, tokens=1000.0), burst_s=2.0)
+    pacer.hold({BudgetClass.REQUESTS, BudgetClass.TOKENS}, 5.0, 0.0)
+    assert pacer.levels(0.0) == {"calls": -50.0, "tokens": -5000.0}
+    assert not pacer.request("a", CallEstimate(input_uncached=100), 0.0).admitted
+    # the calls bucket needs 5 s to get back to 0 and 0.1 s more for one call
+    assert pacer.next_ready_at(0.0) == pytest.approx(5.1)
+    assert pacer.poll(5.0) == []
+    assert pacer.poll(5.2) == ["a"]
+    pacer.hold({BudgetClass.TOKENS}, 1.0, 5.2)  # a shorter hold never shortens a longer one
+    pacer.hold({BudgetClass.TOKENS}, 0.5, 5.2)
+    assert pacer.levels(5.2)["tokens"] <= -1000.0

@@ -99,3 +99,22 @@ def test_the_pacer_holds_no_more_than_the_providers_remaining(make_stack):
     assert left < 600
     # the pacer refills at its own rate from there: allow a second of it
     assert pacer.levels("sim-openai")["calls"] <= left + pacer.budgets("sim-openai").calls_per_s
+
+
+def test_a_429_that_says_nothing_of_the_buckets_holds_the_alias(make_stack):
+    """A provider rejecting a call without rate-limit headers has an empty bucket: the pacer
+    sends nothing on the alias for its hold_after_429_s of refill (retries would be rejected
+    too), and a 429 with headers syncs to what they say instead."""
+    from planner.classify import LimitType
+
+    stack = make_stack()
+    pacer = stack.gateway.pacer
+    alias = next(a for a in stack.gateway.aliases if a.name == "sim-openai")
+    hold = alias.pacer.hold_after_429_s
+    assert hold > 0
+    pacer.hold("sim-openai")
+    levels = pacer.levels("sim-openai")
+    rate = pacer.budgets("sim-openai").calls_per_s
+    assert levels["calls"] <= -rate * hold * 0.99
+    pacer.observe_remaining("sim-openai", {LimitType.REQUESTS: 3.0})  # never raises a level
+    assert pacer.levels("sim-openai")["calls"] < 0
