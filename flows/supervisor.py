@@ -1,6 +1,7 @@
 """Flow ``supervisor``: the long-running supervisor loop (one active run; restarted on crash).
 
-Every ``supervisor_tick_s`` (30 s): reap expired leases and attempts whose flow run Prefect
+Every ``supervisor_tick_s`` (30 s), first the capacity observer (one snapshot per pool, the
+eval pool scaled to its queue), then: reap expired leases and attempts whose flow run Prefect
 reports over (``booting`` ones included), move finished runs to ``closed``
 (revoking their keys), revoke keys left on closed/aborted/failed runs, write one capacity
 snapshot per pool, scale the eval pool to its queue (queued eval jobs plus run-eval flow runs
@@ -29,14 +30,16 @@ publish_progress = task(name="publish-progress")(progress.publish_runs)
 def supervise_once(scale_eval_pool: bool) -> int:
     """One supervisor tick; returns how many runs are still running or draining."""
     settings = get_settings()
-    reap()
-    still_changing = progress.open_run_ids()  # before closing: a run closed now is published too
-    complete_runs()
-    recover_keys()
+    # the capacity observer first: its snapshots keep the tick's cadence, whatever the reaper's
+    # Prefect queries cost this tick (under load they varied by seconds)
     counts = supervise.pool_counts()
     backlog = supervise.eval_backlog() if scale_eval_pool else 0
     limit = scale_eval(counts["eval"]["queued"] + backlog) if scale_eval_pool else 0
     snapshot({"harness": settings.static_cap, "eval": limit}, backlog)
+    reap()
+    still_changing = progress.open_run_ids()  # before closing: a run closed now is published too
+    complete_runs()
+    recover_keys()
     publish_progress(still_changing)
     return supervise.open_runs()
 
