@@ -11,7 +11,7 @@ landing a refusal. The in-process path (``flows.instance``) grades inside the in
 
 from __future__ import annotations
 
-from prefect import flow
+from prefect import flow, task
 from prefect.runtime import flow_run
 
 from evalfleet.errors import HarnessFailed, InfrastructureFailure, StaleLease
@@ -19,6 +19,8 @@ from harnesses.base import Evaluation
 from tasks import instance as steps
 from tasks import progress
 from tasks.instance import JobRef
+
+grade_stage = task(name="evaluation-stage")(steps.grade)
 
 
 @flow(name="run-eval", persist_result=False)
@@ -32,14 +34,10 @@ def run_eval(job: JobRef) -> str:
             cfg = steps.load_run_config(lease.run_id)
             failure: HarnessFailed | None = None
             verdict: Evaluation | None = None
-            if cfg.evaluator is not None:
-                from harnesses import make_evaluator
-
-                evaluator = make_evaluator(cfg.evaluator.name, cfg.evaluator.options)
-                try:
-                    verdict = evaluator.evaluate(lease.run_id, lease.instance_id, kept.patch)
-                except HarnessFailed as exc:
-                    failure = exc
+            try:
+                verdict = grade_stage(lease, cfg, kept.patch)
+            except HarnessFailed as exc:
+                failure = exc
             cost = steps.spent_micro_usd(lease.run_id, lease.instance_id)
             outcome = steps.outcome_of(kept, verdict, failure, cost)
         except StaleLease:

@@ -58,7 +58,7 @@ from gateway.spend import Reservation, Settler, SpendStore
 from gateway.tokens import count_prompt_tokens, requested_max_tokens
 from ledger.db import session_factory
 from ledger.pauses import is_paused
-from planner.classify import LimitType, classify
+from planner.classify import LimitType, classify, parse_rate_limit_headers
 from planner.pacer import CallUsage as PacerUsage
 
 log = logging.getLogger(__name__)
@@ -581,11 +581,9 @@ class Gateway:
     def _sync_pacer(self, call: _Call, upstream: httpx.Response) -> None:
         """A success's rate-limit headers say what is left of the provider's buckets: the
         pacer holds no more (a limit that dropped, or other users of the key, show here first)."""
-        if not any("remaining" in k.lower() for k in upstream.headers):
-            return
-        seen = classify(200, upstream.headers, None, now_epoch=self._clock())
-        if seen.remaining:
-            self.pacer.observe_remaining(call.alias.name, seen.remaining)
+        remaining = parse_rate_limit_headers(upstream.headers).remaining
+        if remaining:
+            self.pacer.observe_remaining(call.alias.name, remaining)
 
     def _settle_now(self, call: _Call, settled_cost: int) -> None:
         """Settle pacer and spend for a call, once (in a tracked background task)."""

@@ -150,6 +150,11 @@ def run_harness(lease: Lease, cfg: RunConfig, *, http_client: Any = None) -> Har
 def evaluate(lease: Lease, cfg: RunConfig, patch: str | None) -> Evaluation | None:
     """``running → evaluating`` (patch kept on the row) and grade it; None without an evaluator."""
     queue.mark_evaluating(engine(), lease, patch=patch)
+    return grade(lease, cfg, patch)
+
+
+def grade(lease: Lease, cfg: RunConfig, patch: str | None) -> Evaluation | None:
+    """Grade ``patch`` with the run's evaluator (None without one); the row is ``evaluating``."""
     if cfg.evaluator is None:
         return None
     evaluator = make_evaluator(cfg.evaluator.name, cfg.evaluator.options)

@@ -87,28 +87,9 @@ def reap_dead_flow_runs() -> tuple[int, int]:
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    with engine().connect() as conn:
-        held = conn.execute(
-            select(
-                Job.id,
-                Job.run_id,
-                Job.instance_id,
-                Job.stage,
-                Job.lease_token,
-                InstanceResult.attempt,
-                InstanceResult.flow_run_id,
-            )
-            .join(
-                InstanceResult,
-                (InstanceResult.run_id == Job.run_id)
-                & (InstanceResult.instance_id == Job.instance_id)
-                & (InstanceResult.lease_token == Job.lease_token),
-            )
-            .where(
-                InstanceResult.state.in_(("running", "evaluating")),
-                InstanceResult.flow_run_id.is_not(None),
-            )
-        ).all()
+    held = _held_attempts(
+        (InstanceState.RUNNING, InstanceState.EVALUATING), InstanceResult.flow_run_id.is_not(None)
+    )
     if not held:
         return 0, 0
     by_flow_run = {str(row.flow_run_id): row for row in held}
@@ -130,6 +111,32 @@ def reap_dead_flow_runs() -> tuple[int, int]:
         (InstanceState.RUNNING, InstanceState.EVALUATING),
         "is over without landing",
     )
+
+
+def _held_attempts(states: tuple[InstanceState, ...], *where: Any) -> list[Any]:
+    """Claimed jobs whose attempt (same lease) is in ``states``: the job's lease fields, the
+    attempt number and the attempt's flow run id."""
+    with engine().connect() as conn:
+        return list(
+            conn.execute(
+                select(
+                    Job.id,
+                    Job.run_id,
+                    Job.instance_id,
+                    Job.stage,
+                    Job.lease_token,
+                    InstanceResult.attempt,
+                    InstanceResult.flow_run_id,
+                )
+                .join(
+                    InstanceResult,
+                    (InstanceResult.run_id == Job.run_id)
+                    & (InstanceResult.instance_id == Job.instance_id)
+                    & (InstanceResult.lease_token == Job.lease_token),
+                )
+                .where(InstanceResult.state.in_([s.value for s in states]), *where)
+            ).all()
+        )
 
 
 def _return_all(
@@ -178,24 +185,7 @@ def reap_dead_boots() -> tuple[int, int]:
     )
     from prefect.client.schemas.objects import StateType
 
-    with engine().connect() as conn:
-        booting = conn.execute(
-            select(
-                Job.id,
-                Job.run_id,
-                Job.instance_id,
-                Job.stage,
-                Job.lease_token,
-                InstanceResult.attempt,
-            )
-            .join(
-                InstanceResult,
-                (InstanceResult.run_id == Job.run_id)
-                & (InstanceResult.instance_id == Job.instance_id)
-                & (InstanceResult.lease_token == Job.lease_token),
-            )
-            .where(InstanceResult.state == InstanceState.BOOTING.value)
-        ).all()
+    booting = _held_attempts((InstanceState.BOOTING,))
     if not booting:
         return 0, 0
     by_lease = {(int(row.id), str(row.lease_token)): row for row in booting}
