@@ -44,6 +44,12 @@ from tasks.ledger_io import engine
 log = logging.getLogger(__name__)
 
 
+def flow_run_name(instance_id: str, attempt: int) -> str:
+    """The name of an attempt's run-instance flow run. The supervisor finds a booting attempt's
+    flow run by this name (``tasks.supervise.reap_dead_boots``), so every launcher uses it."""
+    return f"{instance_id} #{attempt}"
+
+
 class JobRef(BaseModel):
     """A reference to one claimed job: the run-instance flow's only parameter."""
 
@@ -68,6 +74,10 @@ class JobRef(BaseModel):
             attempt=lease.attempt,
             visible_until=lease.visible_until.isoformat(),
         )
+
+    @property
+    def flow_run_name(self) -> str:
+        return flow_run_name(self.instance_id, self.attempt)
 
     def lease(self) -> Lease:
         return Lease(
@@ -272,7 +282,7 @@ def _create_eval_flow_run(ref: JobRef, deployment: str) -> str:
         flow_run = client.create_flow_run_from_deployment(
             deployment_id,
             parameters={"job": ref.model_dump()},
-            name=f"{ref.instance_id} #{ref.attempt} eval",
+            name=f"{ref.flow_run_name} eval",
             tags=["evalfleet", "eval", f"run:{ref.run_id}"],
             idempotency_key=f"evalfleet-eval-{ref.job_id}-{ref.token}",
         )

@@ -117,7 +117,7 @@ class WorkPoolLauncher:
             parameters={"job": ref.model_dump()},
             timeout=0,
             as_subflow=False,
-            flow_run_name=f"{ref.instance_id} #{ref.attempt}",
+            flow_run_name=ref.flow_run_name,
             tags=["evalfleet", f"run:{ref.run_id}"],
         )
 
@@ -153,7 +153,7 @@ class WorkPoolLauncher:
                     await client.create_flow_run_from_deployment(
                         self._deployment_id,
                         parameters={"job": ref.model_dump()},
-                        name=f"{ref.instance_id} #{ref.attempt}",
+                        name=ref.flow_run_name,
                         tags=["evalfleet", f"run:{ref.run_id}"],
                         idempotency_key=f"evalfleet-job-{ref.job_id}-{ref.token}",
                     )

@@ -48,6 +48,7 @@ from ledger.reaper import expire
 from ledger.reaper import requeue as queue_requeue
 from ledger.runs import set_run_state
 from planner.eval_scaler import eval_pool_target
+from tasks.instance import flow_run_name
 from tasks.keys import revoke_keys
 from tasks.ledger_io import engine
 
@@ -189,7 +190,7 @@ def reap_dead_boots() -> tuple[int, int]:
     if not booting:
         return 0, 0
     by_lease = {(int(row.id), str(row.lease_token)): row for row in booting}
-    names = sorted({f"{row.instance_id} #{row.attempt}" for row in booting})
+    names = sorted({flow_run_name(row.instance_id, row.attempt) for row in booting})
     over = FlowRunFilterStateType(any_=[StateType(s) for s in _OVER])
     dead: list[tuple[Any, str]] = []
     with get_client(sync_client=True) as client:
