@@ -227,7 +227,12 @@ class PlannerPolicy:
         # sending into an empty provider bucket.
         self.state, _ = step(
             self.state,
-            WindowObservation(now=now, throttles=(throttle,), delivered=self._delivered(now)),
+            WindowObservation(
+                now=now,
+                throttles=(throttle,),
+                observed_limits=dict(classification.limits) if classification.limits else None,
+                delivered=self._delivered(now),
+            ),
             self.controller,
         )
         self.pacer.set_budgets(self.state.budgets, now)

@@ -300,6 +300,44 @@ def test_a_dropped_limit_is_followed_down_and_not_reprobed() -> None:
     assert row["late_429"] <= 5
 
 
+def test_a_429_that_states_a_lower_limit_caps_the_budget_at_once() -> None:
+    """An OpenAI-style limit drop: the first 429 after it carries the new limit in its headers,
+    and the controller caps the budget to it there and then (as the production planner does,
+    which steps a window's 429s and headers together), not a blind cut left above the new limit
+    until the next tick while the pacer keeps sending into the provider's emptier bucket."""
+    scenario = parse_scenario(
+        parametric(
+            provider={
+                "rpm": None,
+                "input_tpm": None,
+                "tpm": 600_000,
+                "headers": "openai",
+                "changes": [{"at_s": 391, "tpm": 60_000}],
+            },
+            alias_config={"calls_per_s": 50, "tokens_per_s": 10_000},
+            instances=150,
+        ),
+        "s",
+    )
+    workload = build_workload(scenario)
+    spec, changes = limit_spec(scenario)
+    provider = ProviderLimits(spec, changes)
+    policy = PlannerPolicy(scenario, workload, lambda now: headers_now("openai", provider, now))
+    after_first: list[float] = []
+    on_response = policy.on_response
+
+    def recording_response(now: float, call: int, classification: Any) -> None:
+        on_response(now, call, classification)
+        if classification is not None and now >= 391 and not after_first:
+            after_first.append(policy.state.budgets.tokens_per_s)
+
+    policy.on_response = recording_response  # type: ignore[method-assign]
+    stats = Simulation(workload, policy, provider, "openai").run()
+    assert after_first, "the drop drew no 429 to act on"
+    assert after_first[0] <= 60_000 / 60 * 1.0001
+    assert stats.http_429 / stats.calls < 0.005
+
+
 def test_booting_blind_planner_overshoots() -> None:
     """Lesson: a planner that cannot see booting tasks launches far more than it should."""
     doc = parametric(instances=300)
