@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from gateway.aliases import Alias, Aliases
 from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable, Permit
 from planner.budgets import BudgetClass, Budgets, TokenClass, header_classes
-from planner.classify import LimitType
-from planner.pacer import PacerCore
+from planner.classify import Classification, LimitType
+from planner.pacer import PacerCore, classes_to_hold
 
 _HELD = frozenset({BudgetClass.REQUESTS, BudgetClass.TOKENS, BudgetClass.OUTPUT_TOKENS})
 
@@ -113,12 +113,22 @@ class InProcessPacer:
             self._clock(),
         )
 
-    def hold(self, alias: str) -> None:
+    def hold(self, alias: str, view: Classification | None = None) -> None:
         pacer = self._pacers.get(alias)
         if pacer is None:
             return
-        seconds = self._aliases[alias].pacer.hold_after_429_s
-        pacer.core.hold(_HELD, seconds, self._clock())
+        spec = self._aliases[alias]
+        classes = (
+            _HELD
+            if view is None
+            else classes_to_hold(
+                view,
+                token_class=token_class(spec),
+                has_output_budget=pacer.core.budgets.output_tokens_per_s is not None,
+            )
+        )
+        if classes:
+            pacer.core.hold(classes, spec.pacer.hold_after_429_s, self._clock())
 
     def fail(self, alias: str, reason: str) -> None:
         """Stop admitting on ``alias`` (queued callers get ``PacerUnavailable``)."""

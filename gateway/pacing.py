@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from planner.classify import LimitType
+from planner.classify import Classification, LimitType
 from planner.pacer import CallEstimate, CallUsage
 
 __all__ = ["CallEstimate", "CallUsage", "Pacer", "PacerUnavailable", "Permit"]
@@ -49,9 +49,10 @@ class Pacer(Protocol):
         """The provider's rate-limit headers state what is left of its buckets (per limit
         type, as stated): no bucket of the alias's pacer holds more."""
 
-    def hold(self, alias: str) -> None:
-        """A 429 said nothing of the provider's buckets: send nothing on the alias for its
-        ``hold_after_429_s`` of refill (the provider's bucket is empty)."""
+    def hold(self, alias: str, view: Classification | None = None) -> None:
+        """A 429 left provider buckets empty without saying so (``view``: the 429's reading,
+        see ``planner.pacer.classes_to_hold``; None: all of them): send nothing on those of
+        the alias's buckets for its ``hold_after_429_s`` of refill."""
 
     async def close(self) -> None:
         """Stop background work."""

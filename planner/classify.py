@@ -353,12 +353,15 @@ def classify(
 
     too_large = "request too large" in message.lower()
     limit_type = _decide(status, etype, code, message, hdrs)
+    limits = dict(hdrs.limits)
+    if limit_type is LimitType.TOKENS and provider == "openai":
+        limit_type, limits = _other_token_limit(message, limits)
 
     return Classification(
         status=status,
         limit_type=limit_type,
         provider=provider,
-        limits=dict(hdrs.limits),
+        limits=limits,
         remaining=dict(hdrs.remaining),
         resets_s=dict(hdrs.resets_s),
         retry_after_s=retry_after,
@@ -367,6 +370,31 @@ def classify(
         error_code=code,
         message=message,
     )
+
+
+_OPENAI_STATED = re.compile(r"tokens per min\b[^:]*:\s*limit\s+(\d+)", re.IGNORECASE)
+#: Relative difference between a 429's stated token limit and the header's beyond which the
+#: 429 is taken to name another limit (both are whole tokens per minute of the same account).
+_SAME_LIMIT = 0.02
+
+
+def _other_token_limit(
+    message: str, limits: dict[LimitType, float]
+) -> tuple[LimitType, dict[LimitType, float]]:
+    """An OpenAI-style token 429 whose message states a per-minute limit other than the one
+    ``x-ratelimit-limit-tokens`` states was not refused by that limit: its headers describe one
+    token limit, so the other is an output-token limit (as a gateway in front of the provider,
+    or the simulated provider, may enforce). It is named ``OUTPUT_TOKENS`` with the stated
+    value among the limits, so the output budget is the one cut and capped, not the combined
+    one the headers show has room. Otherwise the 429 stays ``TOKENS``."""
+    match = _OPENAI_STATED.search(message)
+    header = limits.get(LimitType.TOKENS)
+    if match is None or header is None or header <= 0:
+        return LimitType.TOKENS, limits
+    stated = float(match.group(1))
+    if stated <= 0 or abs(stated - header) <= _SAME_LIMIT * header:
+        return LimitType.TOKENS, limits
+    return LimitType.OUTPUT_TOKENS, {**limits, LimitType.OUTPUT_TOKENS: stated}
 
 
 def _decide(

@@ -31,7 +31,8 @@ from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from planner.budgets import BudgetClass, Budgets, TokenClass
+from planner.budgets import BudgetClass, Budgets, TokenClass, header_classes
+from planner.classify import Classification, LimitType
 
 __all__ = [
     "HOLD_AFTER_429_S",
@@ -40,6 +41,7 @@ __all__ = [
     "CallUsage",
     "PacerCore",
     "PacerUsage",
+    "classes_to_hold",
 ]
 
 _EPS = 1e-9
@@ -48,6 +50,35 @@ _EPS = 1e-9
 #: runs: 2 s and 5 s both cut no-header 429s ~10x (``parametric-limit-drop`` rate 0.0031-0.0056
 #: to 0.0004) at no cost in makespan; 5 s also cleared one more random scenario.
 HOLD_AFTER_429_S = 5.0
+
+
+_ALL_HELD = frozenset({BudgetClass.REQUESTS, BudgetClass.TOKENS, BudgetClass.OUTPUT_TOKENS})
+
+
+def classes_to_hold(
+    view: Classification, *, token_class: TokenClass, has_output_budget: bool
+) -> frozenset[BudgetClass]:
+    """The budget classes whose provider bucket a throttling response left empty without
+    saying so: every class when the response states no remaining at all; else the classes the
+    429 names whose remaining it does not state (an output-token limit behind OpenAI-style
+    headers, which state requests and combined tokens only). The pacer holds them for
+    ``HOLD_AFTER_429_S`` of refill; the stated ones it mirrors (``observe_remaining``)."""
+    if not view.is_throttle:
+        return frozenset()
+    if not view.remaining:
+        return _ALL_HELD
+    if view.limit_type is LimitType.UNKNOWN:
+        return frozenset()
+
+    def budget_classes(values: Mapping[LimitType, float]) -> set[BudgetClass]:
+        return set(
+            header_classes(values, token_class=token_class, has_output_budget=has_output_budget)
+        )
+
+    hit = budget_classes({view.limit_type: 0.0})
+    if not hit and view.limit_type is LimitType.OUTPUT_TOKENS:
+        hit = {BudgetClass.TOKENS}  # no output budget: the token budget carries output
+    return frozenset(hit - budget_classes(view.remaining))
 
 
 @dataclass(frozen=True)

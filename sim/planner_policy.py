@@ -33,7 +33,7 @@ from planner.classify import Classification, LimitType
 from planner.curves import HarnessCurve, default_curve
 from planner.decision import Decision, Quantity
 from planner.fit import fit_curve
-from planner.pacer import HOLD_AFTER_429_S, CallEstimate, CallUsage, PacerCore
+from planner.pacer import HOLD_AFTER_429_S, CallEstimate, CallUsage, PacerCore, classes_to_hold
 from planner.sizing import (
     Caps,
     Counting,
@@ -74,9 +74,6 @@ def scenario_curve(scenario: Scenario) -> HarnessCurve:
         latency_base_s=lat.base,
         latency_per_output_token_s=lat.per_output_token,
     ).curve
-
-
-_HELD = frozenset({BudgetClass.REQUESTS, BudgetClass.TOKENS, BudgetClass.OUTPUT_TOKENS})
 
 
 class PacerGate:
@@ -216,9 +213,14 @@ class PlannerPolicy:
         if classification.remaining:
             # the provider's buckets are emptier than ours: retries must not storm them
             self._observe_remaining(classification, now)
-        else:
-            # it says nothing of its buckets: an empty one takes no retries at once
-            self.pacer.hold(_HELD, HOLD_AFTER_429_S, now)
+        held = classes_to_hold(
+            classification,
+            token_class=self.token_class,
+            has_output_budget=self.state.budgets.output_tokens_per_s is not None,
+        )
+        if held:
+            # an empty bucket it says nothing of takes no retries at once
+            self.pacer.hold(held, HOLD_AFTER_429_S, now)
         if self.state.in_cooldown(now):
             self._throttles.append(throttle)
             return

@@ -88,6 +88,37 @@ CASES = [
         False,
     ),
     (
+        # the headers state a 30,000 TPM with room; the 429 names another per-minute token
+        # limit (8,000): an output-token limit the headers do not describe
+        "openai-tpm-other-limit",
+        429,
+        {**OPENAI_HEADERS, "x-ratelimit-remaining-requests": "420"},
+        openai_error(
+            "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): "
+            "Limit 8000, Used 7900, Requested 300. Please try again in 1.8s. " + OPENAI_TAIL,
+            "tokens",
+            "rate_limit_exceeded",
+        ),
+        LimitType.OUTPUT_TOKENS,
+        1.8,
+        False,
+    ),
+    (
+        # a daily limit other than the header's TPM is not taken for an output limit
+        "openai-tpd-with-headers",
+        429,
+        {**OPENAI_HEADERS, "x-ratelimit-remaining-requests": "420"},
+        openai_error(
+            "Rate limit reached for gpt-4o-mini in organization org-x on tokens per day (TPD): "
+            "Limit 2000000, Used 1999000, Requested 3000. Please try again in 6m0s.",
+            "tokens",
+            "rate_limit_exceeded",
+        ),
+        LimitType.TOKENS,
+        360.0,
+        False,
+    ),
+    (
         "openai-tpd",
         429,
         {},
@@ -378,3 +409,23 @@ def test_spend_and_overload_are_not_throttles() -> None:
 @pytest.mark.parametrize("text", ["", "abc", "5x", "m5", "1.2.3s"])
 def test_bad_go_durations(text: str) -> None:
     assert parse_go_duration(text) is None
+
+
+def test_a_token_429_naming_another_limit_states_it_as_the_output_limit() -> None:
+    body = openai_error(
+        "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): "
+        "Limit 8000, Used 7900, Requested 300. Please try again in 1.8s. " + OPENAI_TAIL,
+        "tokens",
+        "rate_limit_exceeded",
+    )
+    c = classify(429, OPENAI_HEADERS, body, now_epoch=EPOCH)  # type: ignore[arg-type]
+    assert c.limits == {
+        LimitType.REQUESTS: 500.0,
+        LimitType.TOKENS: 30000.0,
+        LimitType.OUTPUT_TOKENS: 8000.0,
+    }
+    assert c.remaining == {LimitType.REQUESTS: 0.0, LimitType.TOKENS: 29100.0}
+    within = json.loads(json.dumps(body).replace("Limit 8000", "Limit 30300"))
+    same = classify(429, OPENAI_HEADERS, within, now_epoch=EPOCH)  # type: ignore[arg-type]
+    assert same.limit_type is LimitType.TOKENS  # within 2% of the header: the same limit
+    assert LimitType.OUTPUT_TOKENS not in same.limits

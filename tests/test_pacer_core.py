@@ -9,7 +9,8 @@ import random
 import pytest
 
 from planner.budgets import BudgetClass, Budgets
-from planner.pacer import CallEstimate, CallUsage, PacerCore
+from planner.classify import Classification, LimitType
+from planner.pacer import CallEstimate, CallUsage, PacerCore, classes_to_hold
 
 
 def budgets(
@@ -275,3 +276,45 @@ def test_a_hold_sends_nothing_for_its_seconds_of_refill() -> None:
     pacer.hold({BudgetClass.TOKENS}, 1.0, 5.2)  # a shorter hold never shortens a longer one
     pacer.hold({BudgetClass.TOKENS}, 0.5, 5.2)
     assert pacer.levels(5.2)["tokens"] <= -1000.0
+
+
+def _reading(limit_type: LimitType, remaining: dict[LimitType, float]) -> Classification:
+    return Classification(status=429, limit_type=limit_type, remaining=remaining)
+
+
+@pytest.mark.parametrize(
+    ("limit_type", "remaining", "has_output", "held"),
+    [
+        # it states nothing: every bucket of the provider may be empty
+        (LimitType.UNKNOWN, {}, True, {"requests", "tokens", "output_tokens"}),
+        (LimitType.TOKENS, {}, False, {"requests", "tokens", "output_tokens"}),
+        # it names a class whose remaining it states: mirrored, not held
+        (LimitType.TOKENS, {LimitType.REQUESTS: 9.0, LimitType.TOKENS: 10.0}, True, set()),
+        # OpenAI-style headers state requests and combined tokens, the 429 names output
+        (
+            LimitType.OUTPUT_TOKENS,
+            {LimitType.REQUESTS: 9.0, LimitType.TOKENS: 10.0},
+            True,
+            {"output_tokens"},
+        ),
+        # no output budget: the combined token budget carries output, and its remaining is
+        # stated, so nothing is held
+        (LimitType.OUTPUT_TOKENS, {LimitType.REQUESTS: 9.0, LimitType.TOKENS: 1e6}, False, set()),
+        # an unknown limit with buckets stated: they are mirrored
+        (LimitType.UNKNOWN, {LimitType.TOKENS: 10.0}, True, set()),
+    ],
+)
+def test_classes_to_hold_are_those_a_429_leaves_empty_unsaid(
+    limit_type: LimitType,
+    remaining: dict[LimitType, float],
+    has_output: bool,
+    held: set[str],
+) -> None:
+    view = _reading(limit_type, remaining)
+    got = classes_to_hold(view, token_class="combined", has_output_budget=has_output)
+    assert {c.value for c in got} == held
+
+
+def test_a_response_that_is_not_a_throttle_holds_nothing() -> None:
+    for lt in (LimitType.NONE, LimitType.SPEND, LimitType.OVERLOAD):
+        assert not classes_to_hold(_reading(lt, {}), token_class="input", has_output_budget=True)

@@ -118,3 +118,21 @@ def test_a_429_that_says_nothing_of_the_buckets_holds_the_alias(make_stack):
     assert levels["calls"] <= -rate * hold * 0.99
     pacer.observe_remaining("sim-openai", {LimitType.REQUESTS: 3.0})  # never raises a level
     assert pacer.levels("sim-openai")["calls"] < 0
+
+
+def test_a_429_holds_only_the_buckets_it_leaves_empty_unsaid(make_stack):
+    """A 429 whose headers state the remaining of the class it names is mirrored, not held; one
+    that states nothing holds every bucket (planner.pacer.classes_to_hold)."""
+    from planner.classify import Classification, LimitType
+
+    stack = make_stack()
+    pacer = stack.gateway.pacer
+    stated = Classification(
+        status=429,
+        limit_type=LimitType.TOKENS,
+        remaining={LimitType.REQUESTS: 400.0, LimitType.TOKENS: 1e9},
+    )
+    pacer.hold("sim-openai", stated)
+    assert pacer.levels("sim-openai")["calls"] > 0
+    pacer.hold("sim-openai", Classification(status=429, limit_type=LimitType.TOKENS))
+    assert pacer.levels("sim-openai")["calls"] < 0
