@@ -78,6 +78,22 @@ class Settings(BaseSettings):
         "first LLM call, plus landing) that the planner sizes with: ~60 on ECS/Fargate, a few "
         "with the in-process launcher.",
     )
+    planner_token_overdrive: float = Field(
+        default=2.0,
+        ge=1.0,
+        le=4.0,
+        description="How far above a token budget the planner sizes the fleet's demand when "
+        "that budget saturates (the pacer admits the smallest prompts first and holds the rest "
+        "back; 1.1 sizes as for the calls budget, with fewer idle tasks and a later tail).",
+    )
+    planner_token_max_wait_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        le=600.0,
+        description="The longest wait at the pacer, per call, that a fleet sized against a token "
+        "budget may project (bounds planner_token_overdrive for harnesses with short gaps "
+        "between calls).",
+    )
     supervisor_tick_s: float = Field(
         default=30.0, ge=1.0, le=600.0, description="Seconds between supervisor ticks."
     )

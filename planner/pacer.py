@@ -1,4 +1,4 @@
-"""The pacer core: admits LLM calls against an alias's budgets, FIFO, with the clock passed in.
+"""The pacer core: admits LLM calls against an alias's budgets, with the clock passed in.
 
 Both the discrete-event simulator and the gateway (an asyncio wrapper) use this one admission
 rule, so what the benchmark measures is what production runs. It owns:
@@ -7,10 +7,16 @@ rule, so what the benchmark measures is what production runs. It owns:
   continuously, starting full;
 - an in-flight token budget: the sum of the in-flight calls' tokens (all input, cached or not,
   plus ``max_output``: the context the provider is working on) stays within it;
-- a FIFO queue with head-of-line fairness: only the head may be admitted, so a big call is
-  never starved by a stream of small ones. A call larger than a bucket's capacity is admitted
-  when that bucket is full, and one larger than the in-flight budget when nothing is in flight;
-  it leaves the bucket in debt, so the long-run rate still holds and nothing dead-locks;
+- a queue with head-of-line order: only the head may be admitted. The order is FIFO while
+  the calls bucket is what holds the head back. While a token bucket is (an average over the
+  last ~100 times the head had to wait), the call with the smallest prompt goes first, ageing
+  ``AGEING_TOKENS_PER_S`` tokens of priority per second queued: a young task's call is small,
+  and admitting it moves its task a whole tool cycle on for few tokens, so under a token limit
+  more tasks progress and the queue of instances drains sooner (docs/bench-planner.md); a
+  big call waits at most its prompt / ``AGEING_TOKENS_PER_S`` seconds longer than in FIFO, so
+  it is never starved. A call larger than a bucket's capacity is admitted when that bucket is
+  full, and one larger than the in-flight budget when nothing is in flight; it leaves the
+  bucket in debt, so the long-run rate still holds and nothing dead-locks;
 - settlement: calls are charged on their estimate (uncached input, plus cached input when the
   provider counts it, plus ``max_output`` for a combined token class / the output bucket) and
   ``release`` settles the estimate against actual usage (a failed call with no usage is
@@ -20,14 +26,14 @@ rule, so what the benchmark measures is what production runs. It owns:
 
 Usage: ``request`` enqueues a call and says whether it is admitted now (else a lower bound of
 its wait; ``inf`` means it waits for a release). ``poll(now)`` returns the calls admitted since
-the last poll (in FIFO order); ``next_ready_at(now)`` says when the head can go if nothing is
+the last poll (in admission order); ``next_ready_at(now)`` says when the head can go if nothing is
 released meanwhile. Pure: no clock reads, no I/O; time is seconds, non-decreasing.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
@@ -35,6 +41,7 @@ from planner.budgets import BudgetClass, Budgets, TokenClass, header_classes
 from planner.classify import Classification, LimitType
 
 __all__ = [
+    "AGEING_TOKENS_PER_S",
     "HOLD_AFTER_429_S",
     "Admission",
     "CallEstimate",
@@ -45,6 +52,12 @@ __all__ = [
 ]
 
 _EPS = 1e-9
+#: Prompt tokens of priority a queued call gains per second waited, when a token bucket holds
+#: the queue back (see the module docstring): a 40k-token call waits at most ~40 s longer than
+#: in FIFO order behind a stream of small ones.
+AGEING_TOKENS_PER_S = 1000.0
+#: Weight of the last wait in the average of which bucket holds the head back (per wait).
+_BLOCKED_DECAY = 0.99
 #: Seconds of refill the pacer holds back after a 429 that states nothing of the provider's
 #: buckets (``PacerCore.hold``). Measured on the simulator over 32 random and 28 shipped-scenario
 #: runs: 2 s and 5 s both cut no-header 429s ~10x (``parametric-limit-drop`` rate 0.0031-0.0056
@@ -155,7 +168,8 @@ class _Charge:
 
 
 class PacerCore:
-    """FIFO admission against calls/s, counted tokens/s, output tokens/s and in-flight tokens."""
+    """Head-of-line admission against calls/s, counted tokens/s, output tokens/s and in-flight
+    tokens (FIFO, or smallest prompt first under a token limit: see the module docstring)."""
 
     def __init__(
         self,
@@ -182,8 +196,13 @@ class PacerCore:
             )
         self._inflight_budget = budgets.inflight_tokens
         self._inflight = 0
-        self._queue: deque[tuple[str, CallEstimate, _Charge]] = deque()
+        # (priority, arrival sequence, call id, estimate, charge): a heap, the head at [0]
+        self._queue: list[tuple[float, int, str, CallEstimate, _Charge]] = []
+        self._arrivals = 0
         self._queued_ids: set[str] = set()
+        # decaying counts of the waits of the head on the calls and on a token bucket
+        self._held_by_calls = 0.0
+        self._held_by_tokens = 0.0
         self._admitted: dict[str, tuple[CallEstimate, _Charge]] = {}
         self._unreported: list[str] = []
         self._usage_start = now
@@ -261,14 +280,38 @@ class PacerCore:
     def _drain(self) -> list[str]:
         out: list[str] = []
         while self._queue:
-            call_id, est, charge = self._queue[0]
+            _, _, call_id, est, charge = self._queue[0]
             if self._wait(charge) > 0:
+                self._note_hold(charge)
                 break
-            self._queue.popleft()
+            heapq.heappop(self._queue)
             self._queued_ids.discard(call_id)
             self._admit(call_id, est, charge)
             out.append(call_id)
         return out
+
+    def _note_hold(self, charge: _Charge) -> None:
+        """Count which bucket holds the head back (in-flight waits say nothing of the rate)."""
+        calls = self._calls.wait_for(1.0)
+        tokens = self._tokens.wait_for(charge.counted)
+        if self._output is not None:
+            tokens = max(tokens, self._output.wait_for(charge.output))
+        if max(calls, tokens) <= 0:
+            return
+        self._held_by_calls *= _BLOCKED_DECAY
+        self._held_by_tokens *= _BLOCKED_DECAY
+        if tokens > calls:
+            self._held_by_tokens += 1.0
+        else:
+            self._held_by_calls += 1.0
+
+    def _priority(self, estimate: CallEstimate, now: float) -> float:
+        """Smallest prompt first, ageing, while a token bucket holds the queue back; else
+        FIFO (the arrival time alone)."""
+        aged = AGEING_TOKENS_PER_S * now
+        if self._held_by_tokens > self._held_by_calls:
+            return aged + estimate.input_uncached + estimate.input_cached
+        return aged
 
     # -- API ---------------------------------------------------------------------------------
     def request(self, call_id: str, estimate: CallEstimate, now: float) -> Admission:
@@ -276,7 +319,15 @@ class PacerCore:
         if call_id in self._queued_ids or call_id in self._admitted:
             raise ValueError(f"call {call_id!r} is already queued or in flight")
         self._advance(now)
-        self._queue.append((call_id, estimate, self._charge(estimate)))
+        self._arrivals += 1
+        entry = (
+            self._priority(estimate, now),
+            self._arrivals,
+            call_id,
+            estimate,
+            self._charge(estimate),
+        )
+        heapq.heappush(self._queue, entry)
         self._queued_ids.add(call_id)
         admitted = self._drain()
         if call_id in admitted:
@@ -289,11 +340,11 @@ class PacerCore:
     def _head_wait(self) -> float:
         if not self._queue:
             return 0.0
-        return self._wait(self._queue[0][2])
+        return self._wait(self._queue[0][4])
 
     def poll(self, now: float) -> list[str]:
         """Admit what can go at ``now``; return every call admitted since the last poll
-        (except those ``request`` already reported), in FIFO order."""
+        (except those ``request`` already reported), in admission order."""
         self._advance(now)
         out = self._unreported + self._drain()
         self._unreported = []
@@ -405,7 +456,8 @@ class PacerCore:
         self._advance(now)
         if call_id not in self._queued_ids:
             return False
-        self._queue = deque(item for item in self._queue if item[0] != call_id)
+        self._queue = [item for item in self._queue if item[2] != call_id]
+        heapq.heapify(self._queue)
         self._queued_ids.discard(call_id)
         return True
 

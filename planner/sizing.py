@@ -25,6 +25,7 @@ so one decision costs the same for 100 or 10,000 live tasks.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -100,6 +101,11 @@ class SizingConfig:
     overdrive: float = 1.10
     max_wait_s: float = 6.0
     endgame_max_wait_s: float = 6.0
+    # Under a token budget the pacer admits the smallest prompts first (planner.pacer), so a
+    # larger fleet there buys young tasks' cheap steps, not waits for all: the queue of
+    # instances drains sooner and the tail with it (docs/bench-planner.md).
+    token_overdrive: float = 2.0
+    token_max_wait_s: float = 30.0
     age_bin_s: float = 5.0
     stale_floor: int = 1
     integration_age_s: float = 7200.0
@@ -111,8 +117,13 @@ class SizingConfig:
             raise ValueError("boot_s and max_wait_s must be >= 0, age_bin_s > 0")
         if self.endgame_max_wait_s < self.max_wait_s:
             raise ValueError("endgame_max_wait_s must be >= max_wait_s")
-        if self.overdrive < 1.0:
-            raise ValueError("overdrive must be >= 1 (the pacer must have demand to hold back)")
+        if self.overdrive < 1.0 or self.token_overdrive < 1.0:
+            raise ValueError(
+                "overdrive and token_overdrive must be >= 1 (the pacer must have demand to "
+                "hold back)"
+            )
+        if self.token_max_wait_s < self.max_wait_s:
+            raise ValueError("token_max_wait_s must be >= max_wait_s")
         if self.stale_floor < 1:
             raise ValueError("stale_floor must be >= 1")
 
@@ -295,8 +306,21 @@ _BIG = 10**9
 TAIL_SURVIVAL = 0.02
 
 
+def _overdrive(config: SizingConfig, q: Quantity) -> float:
+    """How far above budget q the fleet's mean demand is sized (a token budget: see
+    ``SizingConfig.token_overdrive``; never below the calls' one, which the saturation
+    controller scales)."""
+    if q is Quantity.CALLS:
+        return config.overdrive
+    return max(config.token_overdrive, config.overdrive)
+
+
 def _size(
-    proj: Projection, budgets: BudgetLike, booting: int, config: SizingConfig, o_max: float
+    proj: Projection,
+    budgets: BudgetLike,
+    booting: int,
+    config: SizingConfig,
+    o_max: Mapping[Quantity, float],
 ) -> tuple[int, Binding, Quantity | None]:
     """New tasks k to add (may be negative), the budget binding, the saturating quantity."""
     k_sat, saturating = _BIG, None
@@ -305,7 +329,7 @@ def _size(
         per_new = float(proj.per_new[q].mean())
         if budget is None or per_new <= 0:
             continue
-        need = (config.overdrive * budget - float(proj.live[q].mean())) / per_new
+        need = (_overdrive(config, q) * budget - float(proj.live[q].mean())) / per_new
         k = math.ceil(need - 1e-9) - booting
         if k < k_sat:
             k_sat, saturating = k, q
@@ -314,16 +338,17 @@ def _size(
 
 
 def _bound(
-    proj: Projection, budgets: BudgetLike, booting: int, k: int, o_max: float
+    proj: Projection, budgets: BudgetLike, booting: int, k: int, o_max: Mapping[Quantity, float]
 ) -> tuple[int, Binding]:
-    """``k`` lowered so that no quantity's projected peak exceeds ``o_max x budget`` (in-flight
-    tokens: its budget); the binding names the budget that lowered it (else ``paced``)."""
+    """``k`` lowered so that no quantity's projected peak exceeds ``o_max[q] x budget``
+    (in-flight tokens: its budget); the binding names the budget that lowered it (else
+    ``paced``)."""
     binding = Binding.PACED
     for q in Quantity:
         budget = _budget_of(budgets, q)
         if budget is None:
             continue
-        limit = budget * (1.0 if q is Quantity.INFLIGHT_TOKENS else o_max)
+        limit = budget * o_max.get(q, 1.0)
         per_task = proj.per_new[q]
         mask = per_task > 0
         if not bool(mask.any()):
@@ -352,10 +377,7 @@ def decide(
         steady = steady_state(curve, counting, config.boot_s, config.integration_age_s)
     running = int(fleet.ages.size)
     live = running + fleet.booting
-    o_max = 1.0 + (config.max_wait_s / steady.mean_gap_s if steady.mean_gap_s > 0 else 0.0)
-    o_max = max(o_max, config.overdrive)
-    o_end = 1.0 + (config.endgame_max_wait_s / steady.mean_gap_s if steady.mean_gap_s > 0 else 0.0)
-    o_end = max(o_end, o_max)
+    o_max, o_end = _peak_bounds(config, steady.mean_gap_s)
 
     ages = fleet.ages * fleet.progress if fleet.progress != 1.0 else fleet.ages
     proj = project(curve, ages, counting, config, steady, refill=1.0)
@@ -419,6 +441,28 @@ def decide(
         stale=fleet.stale,
         sized_by=sized_by,
     )
+
+
+def _peak_bounds(
+    config: SizingConfig, mean_gap_s: float
+) -> tuple[dict[Quantity, float], dict[Quantity, float]]:
+    """Per quantity, the most its projected peak may exceed its budget by (in steady state
+    and in the endgame): a closed fleet paced at a budget stretches each task by the overdrive,
+    so ``1 + max wait / mean gap`` bounds the wait a call may take at the pacer."""
+
+    def over(wait_s: float) -> float:
+        return 1.0 + (wait_s / mean_gap_s if mean_gap_s > 0 else 0.0)
+
+    calls = max(over(config.max_wait_s), config.overdrive)
+    tokens = max(over(config.token_max_wait_s), _overdrive(config, Quantity.TOKENS))
+    end = max(over(config.endgame_max_wait_s), calls)
+    steady = {Quantity.CALLS: calls, Quantity.TOKENS: tokens, Quantity.OUTPUT_TOKENS: tokens}
+    endgame = {
+        Quantity.CALLS: end,
+        Quantity.TOKENS: max(end, tokens),
+        Quantity.OUTPUT_TOKENS: max(end, tokens),
+    }
+    return steady, endgame
 
 
 def _endgame(

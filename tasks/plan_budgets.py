@@ -98,8 +98,13 @@ def aliases() -> Aliases:
 
 
 def sizing_config() -> SizingConfig:
-    """The planner's sizing constants, with the settings' boot time (``planner_boot_s``)."""
-    return SizingConfig(boot_s=get_settings().planner_boot_s)
+    """The planner's sizing constants, with the settings' boot time and token overdrive."""
+    settings = get_settings()
+    return SizingConfig(
+        boot_s=settings.planner_boot_s,
+        token_overdrive=settings.planner_token_overdrive,
+        token_max_wait_s=max(settings.planner_token_max_wait_s, SizingConfig().max_wait_s),
+    )
 
 
 @functools.cache

@@ -10,7 +10,13 @@ import pytest
 
 from planner.budgets import BudgetClass, Budgets
 from planner.classify import Classification, LimitType
-from planner.pacer import CallEstimate, CallUsage, PacerCore, classes_to_hold
+from planner.pacer import (
+    AGEING_TOKENS_PER_S,
+    CallEstimate,
+    CallUsage,
+    PacerCore,
+    classes_to_hold,
+)
 
 
 def budgets(
@@ -318,3 +324,43 @@ def test_classes_to_hold_are_those_a_429_leaves_empty_unsaid(
 def test_a_response_that_is_not_a_throttle_holds_nothing() -> None:
     for lt in (LimitType.NONE, LimitType.SPEND, LimitType.OVERLOAD):
         assert not classes_to_hold(_reading(lt, {}), token_class="input", has_output_budget=True)
+
+
+def test_under_a_token_limit_the_smallest_prompt_goes_first() -> None:
+    pacer = PacerCore(budgets(calls=1000.0, tokens=1000.0), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(1000), 0.0).admitted  # the bucket is empty
+    assert not pacer.request("b", CallEstimate(10), 0.0).admitted  # held by the token bucket
+    assert not pacer.request("big", CallEstimate(900), 0.001).admitted
+    assert not pacer.request("small", CallEstimate(100), 0.002).admitted
+    # FIFO would hold "small" behind "big" until t=0.91
+    assert pacer.poll(0.5) == ["b", "small"]
+    assert pacer.poll(0.95) == []
+    assert pacer.poll(1.02) == ["big"]
+
+
+def test_under_a_calls_limit_the_order_stays_fifo() -> None:
+    pacer = PacerCore(budgets(calls=1.0, tokens=1e9), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(10), 0.0).admitted
+    assert not pacer.request("b", CallEstimate(10), 0.0).admitted  # held by the calls bucket
+    assert not pacer.request("big", CallEstimate(900), 0.001).admitted
+    assert not pacer.request("small", CallEstimate(100), 0.002).admitted
+    assert pacer.poll(1.0) == ["b"]
+    assert pacer.poll(2.0) == ["big"]
+    assert pacer.poll(3.0) == ["small"]
+
+
+def test_a_big_call_ages_past_a_stream_of_small_ones() -> None:
+    """Smallest prompt first, but a queued call gains AGEING_TOKENS_PER_S of priority per second:
+    a 5,000-token call is passed only by small calls that arrive within 4.9 s after it."""
+    pacer = PacerCore(budgets(tokens=1000.0), burst_s=1.0)
+    small = [
+        (i * 0.05, f"s{i}", CallEstimate(100), 0.2, CallUsage(100)) for i in range(4000)
+    ]  # 2,000 tokens/s of demand against 1,000/s
+    big = [(10.0, "big", CallEstimate(5000), 1.0, CallUsage(5000))]
+    times = drive(pacer, sorted(small + big), until=400.0)
+    assert "big" in times
+    passed_by = [i for i in range(4000) if times.get(f"s{i}", math.inf) < times["big"]]
+    assert max(passed_by) * 0.05 - 10.0 == pytest.approx(
+        (5000 - 100) / AGEING_TOKENS_PER_S, abs=0.1
+    )
+    assert times["big"] < 60.0

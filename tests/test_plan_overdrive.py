@@ -6,6 +6,7 @@ applied to the sizing's overdrive."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -25,6 +26,15 @@ plan_db = test_plan_tick.plan_db
 plan_ledger = test_plan_tick.plan_ledger
 
 TICK_S = 15.0
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings() -> Iterator[None]:
+    """Settings are read once per process: tests here that set them must not leak them."""
+    from evalfleet.settings import get_settings
+
+    yield
+    get_settings.cache_clear()
 
 
 def warm(eng: Engine) -> None:
@@ -67,8 +77,14 @@ _CLASS = {"calls_per_s": BudgetClass.REQUESTS, "tokens_per_s": BudgetClass.TOKEN
 
 
 def test_an_underused_budget_raises_the_overdrive_and_a_full_one_lowers_it(
-    plan_ledger: Engine,
+    plan_ledger: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from evalfleet.settings import get_settings
+
+    # the token budget saturates here; sized as a calls budget is (token overdrive 1.1), the
+    # multiplier is what moves the target (at the default 2.0 it only does above 2.0 / 1.1)
+    monkeypatch.setenv("EVALFLEET_PLANNER_TOKEN_OVERDRIVE", "1.1")
+    get_settings.cache_clear()
     add_run(plan_ledger, running=3, queued=200)
     first = plan.plan_tick(T0, False)[ALIAS]
     assert first.binding.value == "paced" and first.saturating is not None

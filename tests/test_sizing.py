@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -67,16 +67,29 @@ def fleet(
 CFG = SizingConfig(boot_s=30.0)
 
 
-def test_empty_fleet_is_sized_a_little_above_the_token_budget() -> None:
+def test_empty_fleet_is_sized_the_token_overdrive_above_a_token_budget() -> None:
+    """A token budget that saturates is sized ``token_overdrive`` above it (the pacer admits
+    the smallest prompts first and holds the rest); with a token overdrive of 1.1 it is sized
+    a little above it, as a calls budget is."""
     curve = flat_curve()
-    d = decide(fleet([]), curve, B(tokens_per_s=10_000.0), Counting(), Caps(), CFG)
     # a refilled slot draws 100 uncached tokens/s x 300/(30+300) of the time
     slot = 100.0 * 300.0 / 330.0
+    for cfg in (CFG, replace(CFG, token_overdrive=1.1)):
+        d = decide(fleet([]), curve, B(tokens_per_s=10_000.0), Counting(), Caps(), cfg)
+        assert d.binding is Binding.PACED
+        assert d.saturating is Quantity.TOKENS
+        over = d.projections["tokens_per_s"] / 10_000.0
+        assert cfg.token_overdrive * 0.9 < over < cfg.token_overdrive * 1.15
+        assert d.ceiling == pytest.approx(10_000.0 * cfg.token_overdrive / slot, rel=0.2)
+        assert d.launches_allowed == d.ceiling
+
+
+def test_empty_fleet_is_sized_a_little_above_a_calls_budget() -> None:
+    curve = flat_curve()
+    d = decide(fleet([]), curve, B(calls_per_s=2.0), Counting(), Caps(), CFG)
     assert d.binding is Binding.PACED
-    assert d.saturating is Quantity.TOKENS
-    assert 1.0 < d.projections["tokens_per_s"] / 10_000.0 < 1.25
-    assert d.ceiling == pytest.approx(10_000.0 * CFG.overdrive / slot, rel=0.2)
-    assert d.launches_allowed == d.ceiling
+    assert d.saturating is Quantity.CALLS
+    assert 1.0 < d.projections["calls_per_s"] / 2.0 < 1.25
 
 
 def test_cached_tokens_counted_shrink_the_fleet_by_the_cache_share() -> None:
@@ -274,7 +287,9 @@ def test_planner_package_imports_no_io_no_clock_no_environment() -> None:
 def test_endgame_launches_the_short_queue_at_once_within_the_longer_wait() -> None:
     curve = flat_curve()
     budgets = B(tokens_per_s=10_000.0)
-    cfg = SizingConfig(boot_s=30.0, endgame_max_wait_s=12.0)
+    # the endgame's own bound, with a token budget sized as a calls budget would be
+    flat = SizingConfig(boot_s=30.0, token_overdrive=1.1, token_max_wait_s=6.0)
+    cfg = replace(flat, endgame_max_wait_s=12.0)
     steady = steady_state(curve, Counting(), cfg.boot_s, cfg.integration_age_s)
     # what is queued would take longer than the curve's tail to serve: size as usual
     normal = decide(fleet([], queued=1000), curve, budgets, Counting(), Caps(), cfg, steady)
@@ -285,7 +300,7 @@ def test_endgame_launches_the_short_queue_at_once_within_the_longer_wait() -> No
     # bounded by the pacer wait allowed in the endgame: peak demand <= (1 + wait/gap) x budget
     o_end = 1.0 + cfg.endgame_max_wait_s / steady.mean_gap_s
     assert end.launches_allowed * 100.0 <= o_end * 10_000.0 * 1.001
-    capped = decide(fleet([], queued=300), curve, budgets, Counting(), Caps(), CFG)
+    capped = decide(fleet([], queued=300), curve, budgets, Counting(), Caps(), flat)
     assert normal.launches_allowed < capped.launches_allowed < end.launches_allowed
 
 
