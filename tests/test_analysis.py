@@ -36,9 +36,10 @@ from sim.scenario import parse_scenario
 from tests.analysis_fixtures import START, sim_engine, sim_ledger, sim_run  # noqa: F401
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-#: The limit types an OpenAI-style 429 can name (requests per minute, tokens per minute
-#: whatever the token class): those of the demo's provider.
-DEMO_LIMIT_TYPES = {"requests", "tokens"}
+#: The limit types an OpenAI-style 429 can name (requests per minute, tokens per minute,
+#: and output tokens when it states a token limit other than the header's): those of the demo's
+#: provider.
+DEMO_LIMIT_TYPES = {"requests", "tokens", "output_tokens"}
 
 
 # ----------------------------------------------------------------------------- simfill

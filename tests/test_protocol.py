@@ -64,13 +64,14 @@ SPECS = {
     LimitType.TOKENS: (LimitSpec(rpm=1e6, tpm=1000), CallCharge(200, 0, 100)),
 }
 
-# OpenAI reveals requests and one token limit; "none" reveals nothing.
+# OpenAI reveals requests and one token limit (here the input one); a token 429 stating
+# another limit than that header's is an output-token limit; "none" reveals nothing.
 EXPECTED = {
     "anthropic": {c: c for c in SPECS},
     "openai": {
         LimitType.REQUESTS: LimitType.REQUESTS,
         LimitType.INPUT_TOKENS: LimitType.TOKENS,
-        LimitType.OUTPUT_TOKENS: LimitType.TOKENS,
+        LimitType.OUTPUT_TOKENS: LimitType.OUTPUT_TOKENS,
         LimitType.TOKENS: LimitType.TOKENS,
     },
     "none": {c: LimitType.UNKNOWN for c in SPECS},
