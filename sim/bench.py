@@ -12,10 +12,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from evalfleet.errors import ConfigError
 from planner.classify import LimitType
 from sim.engine import Policy, Simulation
 from sim.limits import ProviderLimits
-from sim.metrics import LowerBound, class_totals, limit_spec, lower_bound, summarise
+from sim.metrics import (
+    LowerBound,
+    calls_that_never_fit,
+    class_totals,
+    limit_spec,
+    lower_bound,
+    summarise,
+)
 from sim.policies import AimdPolicy, FixedPolicy
 from sim.reveal import headers_now
 from sim.scenario import Scenario, check_policy
@@ -95,8 +103,12 @@ def run_policy(
 
 
 def run_scenario(scenario: Scenario, policies: list[str] | None = None) -> ScenarioResult:
-    """Run every policy (default: ``default_policies``) on the scenario."""
+    """Run every policy (default: ``default_policies``) on the scenario; ConfigError if a
+    call of its workload can never fit a provider limit (every policy would stall)."""
     workload = build_workload(scenario)
+    never = calls_that_never_fit(scenario, workload)
+    if never:
+        raise ConfigError(f"scenario {scenario.name}", never)
     bound = lower_bound(scenario, workload)
     names = policies if policies else default_policies(scenario, workload)
     started = time.perf_counter()

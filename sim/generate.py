@@ -12,11 +12,12 @@ docs/bench-planner.md). Deterministic for a seed; nothing here is tuned to the p
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-from sim.metrics import class_totals
+from sim.metrics import class_totals, largest_calls
 from sim.scenario import Scenario, parse_scenario
 from sim.workload import build_workload
 
@@ -84,14 +85,21 @@ def random_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
     slack = {k: float(rng.uniform(1.5, 3.0)) for k in need}
     slack["rpm" if binding == "requests" else "tok"] = 1.0
     limits = {k: max(1, int(v * slack[k])) for k, v in need.items()}
+    # every call must fit every limit on its own, after a drop too: a call larger than a
+    # per-minute limit is never admitted and no policy could finish (the trace holds calls of
+    # 65,536 output tokens)
+    biggest = {k.value: math.ceil(v) for k, v in largest_calls(scenario, workload).items()}
+    fits = {"rpm": 1, "out": biggest["output_tokens"], "tok": biggest[token_key]}
     provider["rpm"] = limits["rpm"]
-    provider["output_tpm"] = max(limits["out"], 20_000)
-    provider["tpm" if combined else "input_tpm"] = limits["tok"]
+    provider["output_tpm"] = max(limits["out"], 20_000, fits["out"])
+    provider["tpm" if combined else "input_tpm"] = max(limits["tok"], fits["tok"])
     if rng.random() < 0.3:
         # the binding limit drops to 60-80% a third of the way in; the bound stays >= target
         key = "rpm" if binding == "requests" else ("tpm" if combined else "input_tpm")
         drop = float(rng.uniform(0.6, 0.8))
-        provider["changes"] = [{"at_s": round(target_s / 3), key: int(provider[key] * drop)}]
+        floor = fits["rpm" if key == "rpm" else "tok"]
+        dropped = max(int(provider[key] * drop), floor)
+        provider["changes"] = [{"at_s": round(target_s / 3), key: dropped}]
     off = float(rng.uniform(0.6, 1.4))
     tokens_s = limits["tok"] / 60.0 * off
     draft["alias_config"] = {

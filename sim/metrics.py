@@ -68,6 +68,44 @@ def class_totals(scenario: Scenario, workload: Workload) -> dict[LimitType, floa
     }
 
 
+def largest_calls(scenario: Scenario, workload: Workload) -> dict[LimitType, float]:
+    """What the largest single call asks of each token class (a request asks one request)."""
+    counted = workload.input - workload.cached
+    if scenario.provider.cached_input_counts:
+        counted = workload.input
+    if workload.n_calls == 0:
+        return {}
+    return {
+        LimitType.INPUT_TOKENS: float(counted.max()),
+        LimitType.TOKENS: float((counted + workload.output).max()),
+        LimitType.OUTPUT_TOKENS: float(workload.output.max()),
+    }
+
+
+def calls_that_never_fit(scenario: Scenario, workload: Workload) -> list[str]:
+    """The provider limits (field names) that some call of the workload exceeds on its own at
+    some time: the provider answers such a call "request too large" forever, and every policy
+    stalls on its instance. [] when every call fits every limit throughout."""
+    spec, changes = limit_spec(scenario)
+    biggest = largest_calls(scenario, workload)
+    field = {
+        LimitType.INPUT_TOKENS: "input_tpm",
+        LimitType.TOKENS: "tpm",
+        LimitType.OUTPUT_TOKENS: "output_tpm",
+    }
+    out: list[str] = []
+    for cls, need in biggest.items():
+        values = [spec.limit(cls), *(c.limit(cls) for c in changes)]
+        lowest = min((v for v in values if v is not None), default=None)
+        if lowest is not None and need > lowest:
+            out.append(
+                f"provider.{field[cls]} ({lowest:,.0f} per minute at its lowest) is below the "
+                f"largest call's {cls.value.replace('_', ' ')} ({need:,.0f}): that call can "
+                "never be admitted and every policy would stall"
+            )
+    return out
+
+
 @dataclass(frozen=True)
 class LowerBound:
     """The lower bound and its terms (seconds); ``binding_class`` is the tightest limit class."""

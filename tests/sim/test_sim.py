@@ -443,3 +443,29 @@ def test_command_runs_random_unseen_scenarios() -> None:
     doc = json.loads(out.strip().splitlines()[-1])
     assert doc["scenario"] == "random-3"
     assert {"planner", "aimd"} <= set(doc["results"])
+
+
+def test_a_call_that_can_never_fit_a_limit_is_a_clear_error(tmp_path: Path) -> None:
+    """A provider whose per-minute output limit is below one call's output answers that call
+    "request too large" forever and every policy stalls: the benchmark refuses the scenario,
+    naming the limit, instead of simulating a livelock."""
+    doc = parametric(provider={"output_tpm": 500})
+    scenario = parse_scenario(doc, "s")
+    with pytest.raises(ConfigError, match=r"provider\.output_tpm \(500 per minute"):
+        run_scenario(scenario)
+    path = tmp_path / "tight.json"
+    path.write_text(json.dumps(doc))
+    code, out = _cli(["bench", "planner", "--scenario", str(path)])
+    assert code == 2
+    assert "output_tpm" in out and "never be admitted" in out and "Traceback" not in out
+    # with room for its largest call the same scenario runs
+    assert run_scenario(parse_scenario(parametric(provider={"output_tpm": 60_000}), "s")).results
+
+
+def test_random_scenarios_leave_room_for_their_largest_call() -> None:
+    from sim.generate import random_scenario
+    from sim.metrics import calls_that_never_fit
+
+    for seed in (74, *range(8)):  # 74: the trace's 65,536-token output once exceeded its limit
+        scenario = random_scenario(seed)
+        assert calls_that_never_fit(scenario, build_workload(scenario)) == []
