@@ -3,8 +3,9 @@
 Each alias has one core (pure, clock passed in) and one waker task. ``acquire`` queues the
 call in the core; if it is not admitted at once, the caller awaits a future that the waker
 resolves when ``PacerCore.poll`` admits it — the waker sleeps until ``next_ready_at`` or until
-a release/budget change/new call wakes it. FIFO order, head-of-line fairness and admitting a
-call bigger than a bucket alone all come from the core. A caller cancelled while queued is
+a release/budget change/new call wakes it. Head-of-line order (FIFO, or smallest prompt first
+under a token limit), no starvation and admitting a call bigger than a bucket alone all come
+from the core. A caller cancelled while queued is
 removed from the queue; one cancelled just after admission is released (nothing leaks).
 
 ``set_budgets`` applies new budgets live (``PrefectPacer`` uses it after each sync).
@@ -54,7 +55,7 @@ class _AliasPacer:
 
 
 class InProcessPacer:
-    """Local FIFO token-bucket pacing per alias (see module docstring)."""
+    """Local token-bucket pacing per alias (see module docstring)."""
 
     def __init__(self, aliases: Aliases, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock

@@ -45,7 +45,7 @@ class FleetView:
 
 
 class Gate(Protocol):
-    """Our pacer between the instances and the provider (FIFO; time is an argument)."""
+    """Our pacer between the instances and the provider (time is an argument)."""
 
     def offer(self, now: float, call: int) -> bool:
         """Queue call index ``call``; True when it is admitted at once (it is then not queued)."""
@@ -56,7 +56,7 @@ class Gate(Protocol):
         ...
 
     def admit_ready(self, now: float) -> list[int]:
-        """Admit queued calls (in FIFO order) that the budgets allow at ``now``."""
+        """Admit queued calls (in the pacer's order) that the budgets allow at ``now``."""
         ...
 
     def next_time(self, now: float) -> float | None:
