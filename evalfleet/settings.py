@@ -88,11 +88,11 @@ class Settings(BaseSettings):
     )
     planner_token_max_wait_s: float = Field(
         default=30.0,
-        ge=0.0,
+        ge=6.0,
         le=600.0,
         description="The longest wait at the pacer, per call, that a fleet sized against a token "
         "budget may project (bounds planner_token_overdrive for harnesses with short gaps "
-        "between calls).",
+        "between calls); at least the 6 s a calls budget may project.",
     )
     supervisor_tick_s: float = Field(
         default=30.0, ge=1.0, le=600.0, description="Seconds between supervisor ticks."

@@ -5,8 +5,8 @@ call in the core; if it is not admitted at once, the caller awaits a future that
 resolves when ``PacerCore.poll`` admits it — the waker sleeps until ``next_ready_at`` or until
 a release/budget change/new call wakes it. Head-of-line order (FIFO, or smallest prompt first
 under a token limit), no starvation and admitting a call bigger than a bucket alone all come
-from the core. A caller cancelled while queued is
-removed from the queue; one cancelled just after admission is released (nothing leaks).
+from the core. A caller cancelled while queued is removed from the queue; one cancelled just
+after admission is released (nothing leaks).
 
 ``set_budgets`` applies new budgets live (``PrefectPacer`` uses it after each sync).
 """
@@ -23,11 +23,9 @@ from dataclasses import dataclass, field
 
 from gateway.aliases import Alias, Aliases
 from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable, Permit
-from planner.budgets import BudgetClass, Budgets, TokenClass, header_classes
+from planner.budgets import Budgets, TokenClass, header_classes
 from planner.classify import Classification, LimitType
-from planner.pacer import PacerCore, classes_to_hold
-
-_HELD = frozenset({BudgetClass.REQUESTS, BudgetClass.TOKENS, BudgetClass.OUTPUT_TOKENS})
+from planner.pacer import EVERY_BUCKET, PacerCore, classes_to_hold
 
 
 def token_class(alias: Alias) -> TokenClass:
@@ -120,7 +118,7 @@ class InProcessPacer:
             return
         spec = self._aliases[alias]
         classes = (
-            _HELD
+            EVERY_BUCKET
             if view is None
             else classes_to_hold(
                 view,

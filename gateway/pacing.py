@@ -2,9 +2,9 @@
 
 Two implementations share this interface: ``gateway.pacer_local.InProcessPacer`` (asyncio
 around the pure ``planner.pacer.PacerCore``: head-of-line order, big calls admitted alone;
-the simulator's rule, used by unit tests and `--pacer inprocess`) and ``gateway.pacer_prefect.PrefectPacer``
-(the same local pacing, with its budgets read from the alias's Prefect global concurrency
-limits every few seconds — Prefect is the source of truth).
+the simulator's rule, used by unit tests and `--pacer inprocess`) and
+``gateway.pacer_prefect.PrefectPacer`` (the same local pacing, with its budgets read from the
+alias's Prefect global concurrency limits every few seconds — Prefect is the source of truth).
 """
 
 from __future__ import annotations

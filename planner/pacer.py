@@ -26,8 +26,8 @@ rule, so what the benchmark measures is what production runs. It owns:
 
 Usage: ``request`` enqueues a call and says whether it is admitted now (else a lower bound of
 its wait; ``inf`` means it waits for a release). ``poll(now)`` returns the calls admitted since
-the last poll (in admission order); ``next_ready_at(now)`` says when the head can go if nothing is
-released meanwhile. Pure: no clock reads, no I/O; time is seconds, non-decreasing.
+the last poll (in admission order); ``next_ready_at(now)`` says when the head can go if
+nothing is released meanwhile. Pure: no clock reads, no I/O; time is seconds, non-decreasing.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from planner.classify import Classification, LimitType
 
 __all__ = [
     "AGEING_TOKENS_PER_S",
+    "EVERY_BUCKET",
     "HOLD_AFTER_429_S",
     "Admission",
     "CallEstimate",
@@ -65,7 +66,8 @@ _BLOCKED_DECAY = 0.99
 HOLD_AFTER_429_S = 5.0
 
 
-_ALL_HELD = frozenset({BudgetClass.REQUESTS, BudgetClass.TOKENS, BudgetClass.OUTPUT_TOKENS})
+#: Every bucket class of the pacer (what a 429 that states no remaining at all leaves empty).
+EVERY_BUCKET = frozenset({BudgetClass.REQUESTS, BudgetClass.TOKENS, BudgetClass.OUTPUT_TOKENS})
 
 
 def classes_to_hold(
@@ -79,7 +81,7 @@ def classes_to_hold(
     if not view.is_throttle:
         return frozenset()
     if not view.remaining:
-        return _ALL_HELD
+        return EVERY_BUCKET
     if view.limit_type is LimitType.UNKNOWN:
         return frozenset()
 
@@ -256,14 +258,21 @@ class PacerCore:
         inflight = est.input_uncached + est.input_cached + est.max_output
         return _Charge(counted=counted, output=est.max_output, inflight=inflight)
 
+    def _inflight_blocks(self, charge: _Charge) -> bool:
+        return self._inflight > 0 and self._inflight + charge.inflight > self._inflight_budget
+
+    def _rate_waits(self, charge: _Charge) -> tuple[float, float]:
+        """Seconds until the calls bucket, and until the token buckets, hold ``charge``."""
+        tokens = self._tokens.wait_for(charge.counted)
+        if self._output is not None:
+            tokens = max(tokens, self._output.wait_for(charge.output))
+        return self._calls.wait_for(1.0), tokens
+
     def _wait(self, charge: _Charge) -> float:
         """Seconds until ``charge`` could be admitted (``inf``: blocked on in-flight)."""
-        if self._inflight > 0 and self._inflight + charge.inflight > self._inflight_budget:
+        if self._inflight_blocks(charge):
             return math.inf
-        w = max(self._calls.wait_for(1.0), self._tokens.wait_for(charge.counted))
-        if self._output is not None:
-            w = max(w, self._output.wait_for(charge.output))
-        return w
+        return max(self._rate_waits(charge))
 
     def _admit(self, call_id: str, est: CallEstimate, charge: _Charge) -> None:
         self._calls.level -= 1.0
@@ -281,8 +290,9 @@ class PacerCore:
         out: list[str] = []
         while self._queue:
             _, _, call_id, est, charge = self._queue[0]
-            if self._wait(charge) > 0:
-                self._note_hold(charge)
+            calls, tokens = self._rate_waits(charge)
+            if self._inflight_blocks(charge) or max(calls, tokens) > 0:
+                self._note_hold(calls, tokens)
                 break
             heapq.heappop(self._queue)
             self._queued_ids.discard(call_id)
@@ -290,12 +300,9 @@ class PacerCore:
             out.append(call_id)
         return out
 
-    def _note_hold(self, charge: _Charge) -> None:
-        """Count which bucket holds the head back (in-flight waits say nothing of the rate)."""
-        calls = self._calls.wait_for(1.0)
-        tokens = self._tokens.wait_for(charge.counted)
-        if self._output is not None:
-            tokens = max(tokens, self._output.wait_for(charge.output))
+    def _note_hold(self, calls: float, tokens: float) -> None:
+        """Count which bucket holds the head back, from its waits on the calls and on the token
+        buckets (a head held only by in-flight tokens says nothing of the rates)."""
         if max(calls, tokens) <= 0:
             return
         self._held_by_calls *= _BLOCKED_DECAY

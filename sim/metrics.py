@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from planner.classify import LimitType
 from sim.engine import RunStats
@@ -54,11 +55,16 @@ def limit_spec(scenario: Scenario) -> tuple[LimitSpec, list[LimitChange]]:
     return spec, changes
 
 
+def _counted_input(scenario: Scenario, workload: Workload) -> NDArray[np.int64]:
+    """Each call's input tokens that the provider counts (cache reads or not)."""
+    if scenario.provider.cached_input_counts:
+        return workload.input
+    return workload.input - workload.cached
+
+
 def class_totals(scenario: Scenario, workload: Workload) -> dict[LimitType, float]:
     """What the whole scenario asks of each limit class, unthrottled (no retries)."""
-    counted = workload.input - workload.cached
-    if scenario.provider.cached_input_counts:
-        counted = workload.input
+    counted = _counted_input(scenario, workload)
     out = float(workload.output.sum())
     return {
         LimitType.REQUESTS: float(workload.n_calls),
@@ -70,11 +76,9 @@ def class_totals(scenario: Scenario, workload: Workload) -> dict[LimitType, floa
 
 def largest_calls(scenario: Scenario, workload: Workload) -> dict[LimitType, float]:
     """What the largest single call asks of each token class (a request asks one request)."""
-    counted = workload.input - workload.cached
-    if scenario.provider.cached_input_counts:
-        counted = workload.input
     if workload.n_calls == 0:
         return {}
+    counted = _counted_input(scenario, workload)
     return {
         LimitType.INPUT_TOKENS: float(counted.max()),
         LimitType.TOKENS: float((counted + workload.output).max()),
@@ -83,9 +87,9 @@ def largest_calls(scenario: Scenario, workload: Workload) -> dict[LimitType, flo
 
 
 def calls_that_never_fit(scenario: Scenario, workload: Workload) -> list[str]:
-    """The provider limits (field names) that some call of the workload exceeds on its own at
-    some time: the provider answers such a call "request too large" forever, and every policy
-    stalls on its instance. [] when every call fits every limit throughout."""
+    """One message per provider limit (named by its field) that some call of the workload
+    exceeds on its own at some time of the run: the provider answers such a call "request too
+    large" forever, and every policy stalls on its instance. [] when every call always fits."""
     spec, changes = limit_spec(scenario)
     biggest = largest_calls(scenario, workload)
     field = {

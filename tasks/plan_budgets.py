@@ -103,7 +103,7 @@ def sizing_config() -> SizingConfig:
     return SizingConfig(
         boot_s=settings.planner_boot_s,
         token_overdrive=settings.planner_token_overdrive,
-        token_max_wait_s=max(settings.planner_token_max_wait_s, SizingConfig().max_wait_s),
+        token_max_wait_s=settings.planner_token_max_wait_s,
     )
 
 

@@ -65,10 +65,14 @@ def simulate_planner(scenario: Scenario) -> tuple[PlannerPolicy, dict[str, Any]]
     throttled: list[float] = []
     on_response = policy.on_response
 
+    after_429: list[tuple[float, float]] = []  # (time, token budget) right after each 429
+
     def recording_response(now: float, call: int, classification: Any) -> None:
         if classification is not None:
             throttled.append(now)
         on_response(now, call, classification)
+        if classification is not None:
+            after_429.append((now, policy.state.budgets.tokens_per_s))
 
     policy.on_response = recording_response  # type: ignore[method-assign]
 
@@ -85,6 +89,7 @@ def simulate_planner(scenario: Scenario) -> tuple[PlannerPolicy, dict[str, Any]]
     row = summarise(stats, scenario, lower_bound(scenario, workload))
     row["budgets"] = budgets_seen
     row["late_429"] = sum(1 for t in throttled if t > 900)
+    row["after_429"] = after_429
     return policy, row
 
 
@@ -319,23 +324,11 @@ def test_a_429_that_states_a_lower_limit_caps_the_budget_at_once() -> None:
         ),
         "s",
     )
-    workload = build_workload(scenario)
-    spec, changes = limit_spec(scenario)
-    provider = ProviderLimits(spec, changes)
-    policy = PlannerPolicy(scenario, workload, lambda now: headers_now("openai", provider, now))
-    after_first: list[float] = []
-    on_response = policy.on_response
-
-    def recording_response(now: float, call: int, classification: Any) -> None:
-        on_response(now, call, classification)
-        if classification is not None and now >= 391 and not after_first:
-            after_first.append(policy.state.budgets.tokens_per_s)
-
-    policy.on_response = recording_response  # type: ignore[method-assign]
-    stats = Simulation(workload, policy, provider, "openai").run()
-    assert after_first, "the drop drew no 429 to act on"
-    assert after_first[0] <= 60_000 / 60 * 1.0001
-    assert stats.http_429 / stats.calls < 0.005
+    _, row = simulate_planner(scenario)
+    after_drop = [budget for t, budget in row["after_429"] if t >= 391]
+    assert after_drop, "the drop drew no 429 to act on"
+    assert after_drop[0] <= 60_000 / 60 * 1.0001
+    assert row["rate_429"] < 0.005
 
 
 def test_booting_blind_planner_overshoots() -> None:
