@@ -37,7 +37,10 @@ Rules, in the order ``step`` applies them:
    the last cut (a per-minute provider bucket still in debt): the budget only eases by
    ``probe_margin`` and the level is not remembered as one that drew a 429 (else a
    conservative cut would cap the budget below the limit for ``memory_s``). The level that drew
-   the 429 is remembered for ``memory_s``.
+   the 429 is remembered for ``memory_s``. A 429 of an unknown limit draws the blame only on
+   the class the provider accepted most of relative to its budget (when what it accepted was
+   measured): the other classes are cut too, but their levels stay allowed and the cut does
+   not count towards a re-base.
 5. ``rebase_cuts`` cuts below the seed within ``rebase_period_s`` re-base that class's seed to
    the cut level (the provider's limit dropped): growth is then bounded by 1.5x the new seed and
    by ``(1 - probe_margin)`` x the last level that drew a 429, so it is not re-probed every few
@@ -323,17 +326,24 @@ def step(
         for lt, _ in rate_throttles:
             hit.update(_classes_hit(lt, state))
         pressed = _pressed_classes(state, rate_throttles, obs.delivered)
+        blamed = _blamed_classes(state, rate_throttles, pressed)
         for cls in (c for c in state.budgets.classes() if c in hit):
             last = state.last_cut_at.get(cls, NEG_INF)
             if now - last < config.cooldown_s:
                 continue  # 429s of calls sent before the last cut
+            level = state.budgets.get(cls)
+            if cls not in blamed:
+                state = _precautionary_cut(state, cls, now, config)
+                cut.append(cls)
+                notes.append(
+                    f"{cls}: 429 of an unknown limit, not this one's: cut to "
+                    f"{state.budgets.get(cls):.6g}, its level {level:.6g} stays allowed"
+                )
+                continue
             delivered = obs.delivered.get(cls) if obs.delivered and cls in pressed else None
             state, did_rebase = _cut(state, cls, now, config, delivered)
             cut.append(cls)
-            notes.append(
-                f"{cls}: 429 at {state.last_429_level[cls]:.6g} -> cut to "
-                f"{state.budgets.get(cls):.6g}"
-            )
+            notes.append(f"{cls}: 429 at {level:.6g} -> cut to {state.budgets.get(cls):.6g}")
             if did_rebase:
                 rebased.append(cls)
                 notes.append(
@@ -398,6 +408,43 @@ def _pressed_classes(
         if shares:
             named.add(max(shares, key=lambda cls: shares[cls]))
     return named
+
+
+def _blamed_classes(
+    state: BudgetState,
+    throttles: Sequence[tuple[LimitType, float | None]],
+    pressed: set[BudgetClass],
+) -> set[BudgetClass]:
+    """The classes whose level drew the 429s: those a 429 names, and for a 429 of an unknown
+    limit the class the provider accepted most of (``pressed``), or every class when nothing
+    measured which. An unknown 429 still cuts every class (any of them may be the one), but
+    only a blamed class's level is remembered as one that drew a 429 and counts towards a
+    re-base: else a token limit's 429s would cap the request budget below its own limit."""
+    if not pressed and any(lt is LimitType.UNKNOWN for lt, _ in throttles):
+        return set(state.budgets.classes())
+    named = {
+        c for lt, _ in throttles if lt is not LimitType.UNKNOWN for c in _classes_hit(lt, state)
+    }
+    return named | pressed
+
+
+def _precautionary_cut(
+    state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig
+) -> BudgetState:
+    """Cut a class an unknown 429 may concern but did not blame: by ``cut``, down to the seed
+    when above it, with no 429 level remembered and no re-base count."""
+    level = state.budgets.get(cls)
+    seed_value = state.seed.get(cls)
+    assert level is not None and seed_value is not None
+    value = level * config.cut
+    if config.cut_to_seed and level > seed_value:
+        value = min(value, seed_value)
+    value = max(value, seed_value * config.min_fraction)
+    return replace(
+        state,
+        budgets=state.budgets.with_value(cls, value),
+        last_cut_at={**state.last_cut_at, cls: now},
+    )
 
 
 def _cut(

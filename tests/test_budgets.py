@@ -356,6 +356,42 @@ def test_an_unknown_repeated_429_measures_only_the_most_pressed_class() -> None:
     assert s.budgets.calls_per_s == pytest.approx(first.budgets.calls_per_s * CFG.cut)
 
 
+def test_an_unknown_429_caps_only_the_pressed_class_below_its_level() -> None:
+    """An unknown 429 cuts every budget (any may be the limit hit), but only the class the
+    provider accepted most of draws the 429: the others' levels stay allowed. A naive
+    controller remembers every level, and a token limit's 429s keep the request budget
+    below 0.95x its pre-429 level for an hour, though the request limit was never hit."""
+    start = fresh()
+    accepted = {
+        BudgetClass.TOKENS: 0.98 * start.budgets.tokens_per_s,
+        BudgetClass.REQUESTS: 0.4 * start.budgets.calls_per_s,
+        BudgetClass.OUTPUT_TOKENS: 0.3 * (start.budgets.output_tokens_per_s or 0.0),
+    }
+    s, a = window(start, 15.0, LimitType.UNKNOWN, delivered=accepted)
+    assert set(a.cut) == set(BudgetClass)  # every budget is cut ...
+    assert s.budgets.calls_per_s == pytest.approx(SEED.calls_per_s * CFG.cut)
+    assert set(s.last_429_level) == {BudgetClass.TOKENS}  # ... only tokens drew the 429
+    assert s.cuts_below_seed.get(BudgetClass.REQUESTS, ()) == ()  # no re-base count
+    t = 15.0
+    for _ in range(40):
+        t += CFG.window_s
+        s, _ = window(s, t)
+    assert s.budgets.calls_per_s > SEED.calls_per_s  # regrown past the level of the 429
+    assert s.budgets.tokens_per_s == pytest.approx(
+        SEED.tokens_per_s * (1 - CFG.probe_margin)
+    )  # the level that drew it stays capped
+
+
+def test_an_unknown_429_with_nothing_measured_blames_every_class() -> None:
+    s, _ = window(fresh(), 15.0, LimitType.UNKNOWN)
+    assert set(s.last_429_level) == set(BudgetClass)
+    t = 15.0
+    for _ in range(40):
+        t += CFG.window_s
+        s, _ = window(s, t)
+    assert s.budgets.calls_per_s == pytest.approx(SEED.calls_per_s * (1 - CFG.probe_margin))
+
+
 def test_a_newly_stated_header_limit_lifts_a_low_budget_at_once() -> None:
     # stale config 4,000/s; the provider's headers say 16,000/s: no +5% crawl from 4,000
     low = initial_state(
