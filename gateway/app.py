@@ -576,6 +576,9 @@ class Gateway:
                 ),
                 last_limit_type=limit_type.value if limited else None,
                 last_limited_at=now if limited else None,
+                throttle_limits=(
+                    {str(k): float(v) for k, v in limits.items()} if limited and limits else {}
+                ),
             )
         )
 

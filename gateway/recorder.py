@@ -22,7 +22,7 @@ from sqlalchemy import insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ledger.models import AliasObservation, LlmCall
+from ledger.models import THROTTLE_LIMITS_KEY, AliasObservation, LlmCall
 from planner.classify import parse_rate_limit_headers
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ class Observation:
     limits: dict[str, Any]
     last_limit_type: str | None = None
     last_limited_at: datetime | None = None
+    # the limits (per minute, by limit type) the last 429 stated, from its headers and message:
+    # a limit only a 429's message states (OpenAI's output-token limit) is in no later header
+    throttle_limits: dict[str, float] = field(default_factory=dict)
 
 
 def parsed_limits(obs: Observation) -> dict[str, Any]:
@@ -48,6 +51,22 @@ def parsed_limits(obs: Observation) -> dict[str, Any]:
         "limits": {str(k): v for k, v in hdrs.limits.items()},
         "remaining": {str(k): v for k, v in hdrs.remaining.items()},
     }
+
+
+def _carry_throttle(
+    obs: Observation,
+    limit_type: str | None,
+    limited_at: datetime | None,
+    stated: Any,
+) -> None:
+    """A success's observation keeps the last 429's type, time and stated limits."""
+    obs.last_limit_type, obs.last_limited_at = limit_type, limited_at
+    if isinstance(stated, dict):
+        obs.throttle_limits = {
+            str(k): float(v)
+            for k, v in stated.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
 
 
 @dataclass
@@ -72,11 +91,13 @@ class CallRecorder:
         self._rows.append(row)
 
     def observe(self, obs: Observation) -> None:
-        """Keep the alias's latest headers; a 429's limit type sticks until the next one."""
+        """Keep the alias's latest headers; a 429's limit type and stated limits stick until the
+        next 429 (here until the flush, and across flushes in ``_write``)."""
         previous = self._observations.get(obs.alias)
         if obs.last_limit_type is None and previous is not None:
-            obs.last_limit_type = previous.last_limit_type
-            obs.last_limited_at = previous.last_limited_at
+            _carry_throttle(
+                obs, previous.last_limit_type, previous.last_limited_at, previous.throttle_limits
+            )
         self._observations[obs.alias] = obs
 
     def start(self) -> None:
@@ -110,13 +131,25 @@ class CallRecorder:
             if rows:
                 session.execute(insert(LlmCall), rows)
             for obs in observations:
+                if obs.last_limit_type is None:
+                    stored = session.get(AliasObservation, obs.alias)
+                    if stored is not None:
+                        _carry_throttle(
+                            obs,
+                            stored.last_limit_type,
+                            stored.last_limited_at,
+                            stored.limits.get(THROTTLE_LIMITS_KEY),
+                        )
+                limits = dict(obs.limits or parsed_limits(obs))
+                if obs.throttle_limits:
+                    limits[THROTTLE_LIMITS_KEY] = obs.throttle_limits
                 session.merge(
                     AliasObservation(
                         alias=obs.alias,
                         observed_at=obs.observed_at,
                         status=obs.status,
                         headers=obs.headers,
-                        limits=obs.limits or parsed_limits(obs),
+                        limits=limits,
                         last_limit_type=obs.last_limit_type,
                         last_limited_at=obs.last_limited_at,
                     )

@@ -274,6 +274,11 @@ class PauseFlag(Base):
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
 
+THROTTLE_LIMITS_KEY = "throttle_limits"
+"""Key of ``AliasObservation.limits`` holding the limits the last 429 stated (kept by the
+gateway's recorder until the next 429, read by ``ledger.pacer_state.fresh_header_limits``)."""
+
+
 class AliasObservation(Base):
     """Per gateway alias: the provider's latest rate-limit headers, kept by the gateway for the
     planner (seeding budgets from stated limits, re-seeding a stale config)."""

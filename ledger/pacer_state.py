@@ -39,7 +39,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from evalfleet.errors import ConfigError
 from ledger.clock import as_utc
 from ledger.db import write_transaction
-from ledger.models import AliasObservation, LlmCall, PacerState, PlannerDecision
+from ledger.models import (
+    THROTTLE_LIMITS_KEY,
+    AliasObservation,
+    LlmCall,
+    PacerState,
+    PlannerDecision,
+)
 from planner.budgets import BudgetClass, Budgets, BudgetState, SeedSource, TokenClass
 from planner.classify import LimitType
 
@@ -446,19 +452,34 @@ def read_window(
 def fresh_header_limits(
     conn: Connection, alias: str, since: datetime | None
 ) -> dict[LimitType, float] | None:
-    """The provider's stated limits (per minute) for ``alias`` when observed after ``since``."""
+    """The provider's stated limits (per minute) for ``alias`` when observed after ``since``:
+    the latest response's headers, plus what a 429 since then stated that they do not (a limit
+    only a 429's message names, as OpenAI's output-token limit, is in no success's headers)."""
     row = conn.execute(
-        select(AliasObservation.observed_at, AliasObservation.limits).where(
-            AliasObservation.alias == alias
-        )
+        select(
+            AliasObservation.observed_at,
+            AliasObservation.limits,
+            AliasObservation.last_limited_at,
+        ).where(AliasObservation.alias == alias)
     ).first()
     if row is None or (since is not None and as_utc(row[0]) <= since):
         return None
-    raw = row[1].get("limits", {}) if isinstance(row[1], dict) else {}
+    stored = row[1] if isinstance(row[1], dict) else {}
+    limits = _stated(stored.get("limits"))
+    limited_at = row[2]
+    if limited_at is not None and (since is None or as_utc(limited_at) > since):
+        for limit_type, value in _stated(stored.get(THROTTLE_LIMITS_KEY)).items():
+            limits.setdefault(limit_type, value)
+    return limits or None
+
+
+def _stated(raw: Any) -> dict[LimitType, float]:
+    """Positive numeric limits by known limit type (anything else in the JSON is ignored)."""
+    if not isinstance(raw, dict):
+        return {}
     known = {t.value for t in LimitType}
-    limits = {
+    return {
         LimitType(k): float(v)
         for k, v in raw.items()
         if k in known and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
     }
-    return limits or None

@@ -4,9 +4,11 @@ spend errors pause the run with an audit row, operator edits re-seed the control
 
 from __future__ import annotations
 
+import asyncio
 import math
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -14,7 +16,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, func, insert, select
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from evalfleet.errors import ConfigError
 from evalfleet.settings import get_settings
@@ -34,6 +36,7 @@ from ledger.models import (
 from ledger.pacer_controls import set_pacer
 from ledger.pauses import set_pause
 from planner.budgets import BudgetClass, Budgets, initial_state
+from planner.classify import LimitType
 from planner.curves import DEFAULT_HARNESS
 from tasks import ledger_io, plan
 
@@ -501,3 +504,53 @@ def test_an_alias_shared_by_two_harnesses_is_sized_on_their_mix(plan_ledger: Eng
     # half the fleet asks for 3x the input tokens: the same budget holds fewer tasks
     assert light.binding.value == mixed.binding.value == "paced"
     assert mixed.target < light.target
+
+
+# ---------------------------------------------------------------------------------------------
+# a limit only a 429 states reaches the planner, though a success's headers came after it
+
+
+def test_a_limit_only_a_429_states_survives_later_successes(plan_ledger: Engine) -> None:
+    from gateway.recorder import CallRecorder, Observation
+
+    recorder = CallRecorder(sessionmaker(plan_ledger))
+    limited_at = T0 - timedelta(seconds=8)
+    headers = {"x-ratelimit-limit-requests": "4000"}
+    throttle = Observation(
+        alias=ALIAS,
+        observed_at=limited_at,
+        status=429,
+        headers=headers,
+        # an OpenAI 429 whose message states an output-token limit its headers do not
+        limits={"limits": {"requests": 4000.0, "output_tokens": 90000.0}, "remaining": {}},
+        last_limit_type="output_tokens",
+        last_limited_at=limited_at,
+        throttle_limits={"requests": 4000.0, "output_tokens": 90000.0},
+    )
+
+    def success(at: datetime) -> Observation:
+        return Observation(alias=ALIAS, observed_at=at, status=200, headers=headers, limits={})
+
+    async def record() -> None:
+        recorder.observe(throttle)
+        await recorder.flush()
+        recorder.observe(success(T0 - timedelta(seconds=5)))  # written over the 429's row
+        await recorder.flush()
+
+    asyncio.run(record())
+    with plan_ledger.connect() as conn:
+        row = conn.execute(select(AliasObservation).where(AliasObservation.alias == ALIAS)).one()
+        since_before = pacer_state.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=15))
+        since_after = pacer_state.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=6))
+    assert row.status == 200 and row.last_limit_type == "output_tokens"
+    assert since_before == {LimitType.REQUESTS: 4000.0, LimitType.OUTPUT_TOKENS: 90000.0}
+    # a tick after the 429 was stepped sees only what the latest headers state
+    assert since_after == {LimitType.REQUESTS: 4000.0}
+
+    # the same within one flush interval: the success replaces the 429 before any write
+    recorder.observe(replace(throttle, observed_at=T0, last_limited_at=T0))
+    recorder.observe(success(T0 + timedelta(seconds=1)))
+    asyncio.run(recorder.flush())
+    with plan_ledger.connect() as conn:
+        limits = pacer_state.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=1))
+    assert limits is not None and limits[LimitType.OUTPUT_TOKENS] == 90000.0
