@@ -201,8 +201,9 @@ class PacerCore:
             )
         self._inflight_budget = budgets.inflight_tokens
         self._inflight = 0
-        # (priority, arrival sequence, call id, estimate, charge): a heap, the head at [0]
-        self._queue: list[tuple[float, int, str, CallEstimate, _Charge]] = []
+        # (priority, arrival sequence, call id, estimate, charge, arrival time): a heap, the
+        # head at [0]
+        self._queue: list[tuple[float, int, str, CallEstimate, _Charge, float]] = []
         self._arrivals = 0
         self._queued_ids: set[str] = set()
         # decaying counts of the waits of the head on the calls and on a token bucket
@@ -292,7 +293,7 @@ class PacerCore:
     def _drain(self) -> list[str]:
         out: list[str] = []
         while self._queue:
-            _, _, call_id, est, charge = self._queue[0]
+            _, _, call_id, est, charge, _ = self._queue[0]
             calls, tokens = self._rate_waits(charge)
             if self._inflight_blocks(charge) or max(calls, tokens) > 0:
                 self._note_hold(calls, tokens)
@@ -305,21 +306,34 @@ class PacerCore:
 
     def _note_hold(self, calls: float, tokens: float) -> None:
         """Count which bucket holds the head back, from its waits on the calls and on the token
-        buckets (a head held only by in-flight tokens says nothing of the rates)."""
+        buckets (a head held only by in-flight tokens says nothing of the rates). When that
+        flips the order, the queued calls are re-ranked by the new one."""
         if max(calls, tokens) <= 0:
             return
+        by_prompt = self._by_prompt
         self._held_by_calls *= _BLOCKED_DECAY
         self._held_by_tokens *= _BLOCKED_DECAY
         if tokens > calls:
             self._held_by_tokens += 1.0
         else:
             self._held_by_calls += 1.0
+        if self._by_prompt != by_prompt:
+            self._queue = [
+                (self._priority(est, arrived), seq, call_id, est, charge, arrived)
+                for _, seq, call_id, est, charge, arrived in self._queue
+            ]
+            heapq.heapify(self._queue)
 
-    def _priority(self, estimate: CallEstimate, now: float) -> float:
+    @property
+    def _by_prompt(self) -> bool:
+        """Smallest prompt first (a token bucket holds the queue back), else FIFO."""
+        return self._held_by_tokens > self._held_by_calls
+
+    def _priority(self, estimate: CallEstimate, arrived: float) -> float:
         """Smallest prompt first, ageing, while a token bucket holds the queue back; else
         FIFO (the arrival time alone)."""
-        aged = AGEING_TOKENS_PER_S * now
-        if self._held_by_tokens > self._held_by_calls:
+        aged = AGEING_TOKENS_PER_S * arrived
+        if self._by_prompt:
             return aged + estimate.input_uncached + estimate.input_cached
         return aged
 
@@ -336,6 +350,7 @@ class PacerCore:
             call_id,
             estimate,
             self._charge(estimate),
+            now,
         )
         heapq.heappush(self._queue, entry)
         self._queued_ids.add(call_id)

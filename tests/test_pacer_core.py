@@ -364,3 +364,23 @@ def test_a_big_call_ages_past_a_stream_of_small_ones() -> None:
         (5000 - 100) / AGEING_TOKENS_PER_S, abs=0.1
     )
     assert times["big"] < 60.0
+
+
+def test_when_the_holding_bucket_changes_the_queue_is_re_ranked() -> None:
+    """Calls queued while a token bucket held the queue (smallest prompt first) go in arrival
+    order once the calls bucket is what holds it: no call keeps a rank from the old order."""
+    pacer = PacerCore(budgets(calls=1000.0, tokens=1000.0), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(1000), 0.0).admitted  # the token bucket is empty
+    for i, (call, prompt) in enumerate(
+        [("big1", 900), ("big2", 800), ("small", 100), ("mid", 500)]
+    ):
+        assert not pacer.request(call, CallEstimate(prompt), 0.001 * (i + 1)).admitted
+    # now the request limit binds: one call per 10 s, tokens plentiful
+    pacer.set_budgets(budgets(calls=0.1, tokens=1e9), 0.01)
+    assert pacer.poll(0.02) == ["small"]  # ranked while the token bucket held the queue
+    admitted: list[str] = []
+    t = 0.02
+    while len(admitted) < 3:
+        t += 1.0
+        admitted += pacer.poll(t)  # each poll finds the head held by the calls bucket
+    assert admitted == ["big1", "big2", "mid"]  # FIFO, not the prompt order mid, big2, big1
