@@ -70,6 +70,7 @@ _RATE_TYPES = {
     LimitType.TOKENS.value,
     LimitType.INPUT_TOKENS.value,
     LimitType.OUTPUT_TOKENS.value,
+    LimitType.DAILY.value,  # the controller backs off on it, cutting nothing
     LimitType.UNKNOWN.value,
 }
 _OVERLOAD_STATUS = (503, 529)

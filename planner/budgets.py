@@ -18,7 +18,8 @@ Rules, in the order ``step`` applies them:
 2. Stale seed (``now - seeded_at > stale_after_s``): re-seed from the latest header limits seen
    within ``stale_after_s`` when there are any; otherwise keep the values and report ``stale``.
    Budgets are never 0: every budget is floored at ``min_fraction`` of its seed (> 0).
-3. Spend/billing errors → ``pause_run``. Overload (529/503) → ``backoff_until``, no cut.
+3. Spend/billing errors → ``pause_run``. Overload (529/503) and a per-day limit's 429
+   (``DAILY``: no per-minute budget was what ran out) → ``backoff_until``, no cut.
 4. A 429 → launch freeze (``cooldown_until = now + max(cooldown_s, retry-after)``, the
    retry-after bounded by ``max_freeze_s``) and a cut of only the budget of the limit hit
    (requests→REQUESTS; tokens and input_tokens→TOKENS; output_tokens→OUTPUT_TOKENS, or TOKENS
@@ -292,17 +293,28 @@ def step(
     # 3. spend and overload.
     spend = obs.spend_errors > 0 or any(lt is LimitType.SPEND for lt, _ in obs.throttles)
     overload_after = [ra for lt, ra in obs.throttles if lt is LimitType.OVERLOAD]
+    daily_after = [ra for lt, ra in obs.throttles if lt is LimitType.DAILY]
     backoff_until: float | None = None
-    if obs.overloads > 0 or overload_after:
+    if obs.overloads > 0 or overload_after or daily_after:
         wait = max(
             [
                 config.overload_backoff_s,
-                *(min(r, config.max_freeze_s) for r in overload_after if r is not None),
+                *(
+                    min(r, config.max_freeze_s)
+                    for r in (*overload_after, *daily_after)
+                    if r is not None
+                ),
             ]
         )
         state = replace(state, backoff_until=max(state.backoff_until, now + wait))
         backoff_until = state.backoff_until
-        notes.append(f"provider overloaded: backing off until t={backoff_until:.1f}")
+        if obs.overloads > 0 or overload_after:
+            notes.append(f"provider overloaded: backing off until t={backoff_until:.1f}")
+        if daily_after:
+            notes.append(
+                f"a per-day limit is exhausted: backing off until t={backoff_until:.1f}, "
+                "no per-minute budget cut"
+            )
     if spend:
         notes.append("spend or billing error: pausing the run")
 
@@ -310,7 +322,7 @@ def step(
     rate_throttles = [
         (lt, ra)
         for lt, ra in obs.throttles
-        if lt not in (LimitType.SPEND, LimitType.OVERLOAD, LimitType.NONE)
+        if lt not in (LimitType.SPEND, LimitType.OVERLOAD, LimitType.DAILY, LimitType.NONE)
     ]
     hit: set[BudgetClass] = set()
     cut: list[BudgetClass] = []

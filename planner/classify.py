@@ -4,7 +4,8 @@ It owns the reading of provider responses — status, rate-limit headers and err
 OpenAI and Anthropic — into one frozen ``Classification``: the limit type that was hit, the
 limits/remaining/resets the headers state per limit class, the retry-after, and whether the
 request can never fit (``too_large``). The budget controller cuts only the budget whose limit
-was hit, so telling a request-count 429 from a token 429 is the point of this module.
+was hit, so telling a request-count 429 from a token 429 is the point of this module; a 429 of
+a per-day limit (OpenAI's RPD/TPD) is ``DAILY``, which cuts no per-minute budget.
 
 Pure: no clock reads (RFC 3339 resets need ``now_epoch`` passed in), no I/O.
 
@@ -41,6 +42,9 @@ class LimitType(StrEnum):
     TOKENS = "tokens"
     SPEND = "spend"
     OVERLOAD = "overload"
+    # a per-day limit (OpenAI's RPD/TPD): not a per-minute budget's, so none is cut; launches
+    # back off, as for an overload
+    DAILY = "daily"
     UNKNOWN = "unknown"
     NONE = "none"
 
@@ -279,9 +283,11 @@ _RETRY_IN_SECONDS = re.compile(r"try again in\s+(\d+(?:\.\d+)?)\s*seconds?", re.
 _MSG_PATTERNS = (
     (re.compile(r"input[ _]tokens per|\(itpm\)"), LimitType.INPUT_TOKENS),
     (re.compile(r"output[ _]tokens per|\(otpm\)"), LimitType.OUTPUT_TOKENS),
-    (re.compile(r"tokens per|\(tpm\)|\(tpd\)|request tokens"), LimitType.TOKENS),
-    (re.compile(r"requests per|\(rpm\)|\(rpd\)|number of requests"), LimitType.REQUESTS),
+    (re.compile(r"tokens per|\(tpm\)|request tokens"), LimitType.TOKENS),
+    (re.compile(r"requests per|\(rpm\)|number of requests"), LimitType.REQUESTS),
 )
+#: A per-day limit named in a 429's message: "... on tokens per day (TPD): Limit 2000000 ...".
+_PER_DAY = re.compile(r"\bper day\b|\((?:tpd|rpd)\)", re.IGNORECASE)
 
 
 def _type_from_message(message: str) -> LimitType | None:
@@ -429,7 +435,10 @@ def _decide(
 
 
 def _rate_type(etype: str | None, message: str, hdrs: RateLimitHeaders) -> LimitType:
-    """A 429: OpenAI names the limit in error.type; Anthropic in the message; else headers."""
+    """A 429: OpenAI names the limit in error.type; Anthropic in the message; else headers.
+    A limit per day (its message says so) is ``DAILY`` whatever class it counts."""
+    if message and _PER_DAY.search(message):
+        return LimitType.DAILY
     if etype == "requests":
         return LimitType.REQUESTS
     if etype == "tokens":  # OpenAI has one (combined) token limit

@@ -442,3 +442,14 @@ def test_a_measured_cut_goes_no_lower_than_two_blind_cuts() -> None:
     starved = {BudgetClass.REQUESTS: 0.1}
     s, _ = window(first, 15.0 + CFG.cooldown_s, LimitType.REQUESTS, delivered=starved)
     assert s.budgets.calls_per_s == pytest.approx(level * CFG.cut * CFG.cut)
+
+
+def test_a_per_day_limit_backs_off_for_its_retry_after_and_cuts_nothing() -> None:
+    start = fresh()
+    obs = WindowObservation(now=15.0, throttles=((LimitType.DAILY, 120.0),))
+    s, a = step(start, obs, CFG)
+    assert a.cut == () and s.budgets == SEED and s.last_429_level == {}
+    assert s.backoff_until == pytest.approx(135.0) and s.in_cooldown(134.0)
+    long = WindowObservation(now=15.0, throttles=((LimitType.DAILY, 36_000.0),))
+    s, _ = step(start, long, CFG)
+    assert s.backoff_until == pytest.approx(15.0 + CFG.max_freeze_s)  # bounded, re-read later

@@ -104,7 +104,8 @@ CASES = [
         False,
     ),
     (
-        # a daily limit other than the header's TPM is not taken for an output limit
+        # a daily limit other than the header's TPM is neither an output limit nor the TPM:
+        # no per-minute budget ran out
         "openai-tpd-with-headers",
         429,
         {**OPENAI_HEADERS, "x-ratelimit-remaining-requests": "420"},
@@ -114,7 +115,7 @@ CASES = [
             "tokens",
             "rate_limit_exceeded",
         ),
-        LimitType.TOKENS,
+        LimitType.DAILY,
         360.0,
         False,
     ),
@@ -128,8 +129,22 @@ CASES = [
             "tokens",
             "rate_limit_exceeded",
         ),
-        LimitType.TOKENS,
+        LimitType.DAILY,
         360.0,
+        False,
+    ),
+    (
+        "openai-rpd",
+        429,
+        OPENAI_HEADERS,
+        openai_error(
+            "Rate limit reached for gpt-4o in organization org-x on requests per day (RPD): "
+            "Limit 10000, Used 10000, Requested 1. Please try again in 8.64s. " + OPENAI_TAIL,
+            "requests",
+            "rate_limit_exceeded",
+        ),
+        LimitType.DAILY,
+        8.64,
         False,
     ),
     (
@@ -403,6 +418,8 @@ def test_spend_and_overload_are_not_throttles() -> None:
     spend = classify(429, {}, openai_error("quota", "insufficient_quota", "insufficient_quota"))
     assert not spend.is_throttle
     assert not classify(529, {}, None).is_throttle
+    daily = classify(429, {}, openai_error("on requests per day (RPD): Limit 10", "requests", None))
+    assert daily.limit_type is LimitType.DAILY and not daily.is_throttle
     assert classify(429, {}, None).is_throttle  # unknown: cut everything
 
 

@@ -323,6 +323,24 @@ def test_a_429_of_one_type_cuts_only_that_budget_across_ticks(plan_ledger: Engin
     assert d4.binding.value == "cooldown"
 
 
+def test_a_per_day_limits_429_backs_off_and_cuts_nothing(plan_ledger: Engine) -> None:
+    """An OpenAI TPD/RPD 429 says a per-day limit ran out: cutting the per-minute budgets (as
+    a plain token 429 would, every cooldown while the day's quota lasts) would leave them at
+    their floor when it resets. The tick freezes launches instead and cuts nothing."""
+    add_run(plan_ledger, running=3, queued=30)
+    first = plan.plan_tick(T0, False)[ALIAS]
+    add_calls(plan_ledger, 4, status=429, limit_type="daily")
+    for k in (1, 2, 3):  # three ticks: 45 s, past one cooldown
+        d = plan.plan_tick(T0 + timedelta(seconds=15 * k), False)[ALIAS]
+        if k == 1:
+            assert d.binding.value == "cooldown" and d.launches_allowed == 0
+        add_calls(plan_ledger, 2, status=429, limit_type="daily", at=T0 + timedelta(seconds=15 * k))
+    assert d.budgets == first.budgets  # nothing cut
+    assert d.binding.value == "cooldown"
+    saved = stored(plan_ledger)
+    assert saved.state.last_429_level == {} and saved.state.cuts_below_seed == {}
+
+
 def test_a_429_persisting_through_the_cooldown_cuts_to_what_the_provider_accepted(
     plan_ledger: Engine,
 ) -> None:
