@@ -20,13 +20,33 @@ def test_fit_default_writes_the_shipped_curve(
     assert "checked on 100 held-out instances" in out
     assert "calls_per_s: worst" in out
     written = json.loads((tmp_path / "mini-swe-agent.json").read_text())
-    assert HarnessCurve.from_params(written) == default_curve()
+    # the same fit, to the last few bits: numpy's reductions round differently on other CPUs
+    assert _same_numbers(HarnessCurve.from_params(written).to_params(), default_curve().to_params())
     assert written["fit"]["check"]["minutes"] == 8
     assert written["fit"]["check"]["held_out_alive"][-1] == 18
     lo, hi = written["fit"]["check"]["held_out_observed_95"]["uncached_input_tokens_per_s"][7]
     assert lo < 222.7 < hi  # the held-out minute-7 mean, inside its own interval
     assert "observed_lo" in out
     assert list(tmp_path.iterdir()) == [tmp_path / "mini-swe-agent.json"]  # no temp files left
+
+
+def _same_numbers(got: object, want: object) -> bool:
+    """Equal structure and strings; floats equal to a relative 1e-9."""
+    if isinstance(want, dict):
+        return (
+            isinstance(got, dict)
+            and got.keys() == want.keys()
+            and all(_same_numbers(got[k], want[k]) for k in want)
+        )
+    if isinstance(want, list | tuple):
+        return (
+            isinstance(got, list | tuple)
+            and len(got) == len(want)
+            and all(_same_numbers(g, w) for g, w in zip(got, want, strict=True))
+        )
+    if isinstance(want, float) and isinstance(got, int | float):
+        return got == pytest.approx(want, rel=1e-9, abs=1e-12)
+    return bool(got == want)
 
 
 def test_fit_default_dry_run_json_writes_nothing(
