@@ -25,7 +25,7 @@ from gateway.aliases import Alias, Aliases
 from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable, Permit
 from planner.budgets import Budgets, TokenClass, header_classes
 from planner.classify import Classification, LimitType
-from planner.pacer import EVERY_BUCKET, PacerCore, classes_to_hold
+from planner.pacer import EVERY_BUCKET, PacerCore, classes_to_hold, hold_seconds
 
 
 def token_class(alias: Alias) -> TokenClass:
@@ -127,7 +127,10 @@ class InProcessPacer:
             )
         )
         if classes:
-            pacer.core.hold(classes, spec.pacer.hold_after_429_s, self._clock())
+            seconds = spec.pacer.hold_after_429_s
+            if view is not None:
+                seconds = hold_seconds(view, seconds)
+            pacer.core.hold(classes, seconds, self._clock())
 
     def fail(self, alias: str, reason: str) -> None:
         """Stop admitting on ``alias`` (queued callers get ``PacerUnavailable``)."""

@@ -52,7 +52,8 @@ class Pacer(Protocol):
     def hold(self, alias: str, view: Classification | None = None) -> None:
         """A 429 left provider buckets empty without saying so (``view``: the 429's reading,
         see ``planner.pacer.classes_to_hold``; None: all of them): send nothing on those of
-        the alias's buckets for its ``hold_after_429_s`` of refill."""
+        the alias's buckets for its ``hold_after_429_s`` of refill (a per-day limit's 429: every
+        bucket, for its retry-after, ``planner.pacer.hold_seconds``)."""
 
     async def close(self) -> None:
         """Stop background work."""

@@ -42,6 +42,7 @@ from planner.classify import Classification, LimitType
 
 __all__ = [
     "AGEING_TOKENS_PER_S",
+    "DAILY_HOLD_MAX_S",
     "EVERY_BUCKET",
     "HOLD_AFTER_429_S",
     "Admission",
@@ -50,6 +51,7 @@ __all__ = [
     "PacerCore",
     "PacerUsage",
     "classes_to_hold",
+    "hold_seconds",
 ]
 
 _EPS = 1e-9
@@ -67,6 +69,9 @@ _BLOCKED_DECAY = 0.99
 #: runs: 2 s and 5 s both cut no-header 429s ~10x (``parametric-limit-drop`` rate 0.0031-0.0056
 #: to 0.0004) at no cost in makespan; 5 s also cleared one more random scenario.
 HOLD_AFTER_429_S = 5.0
+#: Longest the pacer holds an alias after a per-day limit's 429 (``LimitType.DAILY``): its
+#: retry-after, at most this; later 429s of the same day hold it again.
+DAILY_HOLD_MAX_S = 300.0
 
 
 #: Every bucket class of the pacer (what a 429 that states no remaining at all leaves empty).
@@ -80,7 +85,10 @@ def classes_to_hold(
     saying so: every class when the response states no remaining at all; else the classes the
     429 names whose remaining it does not state (an output-token limit behind OpenAI-style
     headers, which state requests and combined tokens only). The pacer holds them for
-    ``HOLD_AFTER_429_S`` of refill; the stated ones it mirrors (``observe_remaining``)."""
+    ``HOLD_AFTER_429_S`` of refill; the stated ones it mirrors (``observe_remaining``). A
+    per-day limit's 429 holds every bucket: every call is refused until that limit resets."""
+    if view.limit_type is LimitType.DAILY:
+        return EVERY_BUCKET
     if not view.is_throttle:
         return frozenset()
     if not view.remaining:
@@ -97,6 +105,16 @@ def classes_to_hold(
     if not hit and view.limit_type is LimitType.OUTPUT_TOKENS:
         hit = {BudgetClass.TOKENS}  # no output budget: the token budget carries output
     return frozenset(hit - budget_classes(view.remaining))
+
+
+def hold_seconds(view: Classification, after_429_s: float) -> float:
+    """Seconds of refill a throttling response holds ``classes_to_hold`` for: ``after_429_s``;
+    for a per-day limit its retry-after (at least ``after_429_s``), at most
+    ``DAILY_HOLD_MAX_S``."""
+    if view.limit_type is not LimitType.DAILY:
+        return after_429_s
+    wait = view.retry_after_s if view.retry_after_s is not None else after_429_s
+    return min(max(wait, after_429_s), DAILY_HOLD_MAX_S)
 
 
 @dataclass(frozen=True)

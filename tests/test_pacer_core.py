@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -12,10 +13,14 @@ from planner.budgets import BudgetClass, Budgets
 from planner.classify import Classification, LimitType
 from planner.pacer import (
     AGEING_TOKENS_PER_S,
+    DAILY_HOLD_MAX_S,
+    EVERY_BUCKET,
+    HOLD_AFTER_429_S,
     CallEstimate,
     CallUsage,
     PacerCore,
     classes_to_hold,
+    hold_seconds,
 )
 
 
@@ -384,3 +389,22 @@ def test_when_the_holding_bucket_changes_the_queue_is_re_ranked() -> None:
         t += 1.0
         admitted += pacer.poll(t)  # each poll finds the head held by the calls bucket
     assert admitted == ["big1", "big2", "mid"]  # FIFO, not the prompt order mid, big2, big1
+
+
+def test_a_per_day_limits_429_holds_every_bucket_for_its_retry_after() -> None:
+    daily = Classification(
+        status=429,
+        limit_type=LimitType.DAILY,
+        remaining={LimitType.REQUESTS: 400.0, LimitType.TOKENS: 1e6},  # per-minute room
+        retry_after_s=90.0,
+    )
+    assert classes_to_hold(daily, token_class="combined", has_output_budget=True) == EVERY_BUCKET
+    assert hold_seconds(daily, HOLD_AFTER_429_S) == 90.0
+    assert hold_seconds(replace(daily, retry_after_s=36_000.0), 5.0) == DAILY_HOLD_MAX_S
+    assert hold_seconds(replace(daily, retry_after_s=None), 5.0) == 5.0
+    per_minute = replace(daily, limit_type=LimitType.TOKENS, remaining={})
+    assert hold_seconds(per_minute, 5.0) == 5.0  # a per-minute limit: the usual hold
+    pacer = PacerCore(budgets(calls=10.0, tokens=1000.0), burst_s=1.0)
+    pacer.hold(EVERY_BUCKET, hold_seconds(daily, 5.0), 0.0)
+    assert not pacer.request("x", CallEstimate(10), 0.0).admitted
+    assert pacer.next_ready_at(0.0) == pytest.approx(90.1, abs=0.01)  # 90 s, then one call's refill

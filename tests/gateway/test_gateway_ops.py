@@ -136,3 +136,12 @@ def test_a_429_holds_only_the_buckets_it_leaves_empty_unsaid(make_stack):
     assert pacer.levels("sim-openai")["calls"] > 0
     pacer.hold("sim-openai", Classification(status=429, limit_type=LimitType.TOKENS))
     assert pacer.levels("sim-openai")["calls"] < 0
+    # a per-day limit's 429 holds every bucket for its retry-after, headers or not
+    daily = Classification(
+        status=429, limit_type=LimitType.DAILY, remaining=stated.remaining, retry_after_s=120.0
+    )
+    pacer.hold("sim-openai", daily)
+    budgets = pacer.budgets("sim-openai")
+    levels = pacer.levels("sim-openai")
+    assert levels["calls"] <= -budgets.calls_per_s * 119.0
+    assert levels["tokens"] <= -budgets.tokens_per_s * 119.0
