@@ -5,7 +5,9 @@
 planner, aimd and three fixed:N), ``--json`` (one JSON object per scenario per line:
 ``{"scenario": NAME, "results": {POLICY: {...}}}``, the issue's format). ``--random N`` adds N
 scenarios drawn by ``sim.generate.random_scenario`` (seeds 0..N-1, or from ``--random-from``):
-scenarios the planner was not tuned on. Under every table a verdict line names each target of
+scenarios the planner was not tuned on. ``--seed S`` (repeatable) runs each scenario file once
+per seed instead of at its own ``seed``, named ``NAME@S``: the same limits and harness, other
+instances and timings. Under every table a verdict line names each target of
 the benchmark the planner missed (``sim.targets``), and a final line counts the scenarios that met
 them all. ``--decision-speed`` measures one planner decision for 10,000 live tasks instead. Bad
 scenario files are a clear error, not a traceback.
@@ -119,6 +121,13 @@ def measure_decision_speed(live: int = 10_000, repeats: int = 50) -> dict[str, f
     help="First seed of the --random scenarios (default 0).",
 )
 @click.option(
+    "--seed",
+    "seeds",
+    multiple=True,
+    type=click.IntRange(0, 2**32 - 1),
+    help="Run each scenario file at this seed instead of its own (named NAME@SEED); repeatable.",
+)
+@click.option(
     "--decision-speed", is_flag=True, help="Time one planner decision for 10,000 live tasks."
 )
 def bench_planner(
@@ -128,6 +137,7 @@ def bench_planner(
     as_json: bool,
     random_n: int,
     random_from: int,
+    seeds: tuple[int, ...],
     decision_speed: bool,
 ) -> None:
     """Simulate scenarios under the planner and the baselines; print the results table."""
@@ -149,6 +159,12 @@ def bench_planner(
         return
     names = [check_policy(p) for p in policies] or None
     loaded = [load_scenario(path) for path in _scenario_files(scenarios, all_, random_n)]
+    if seeds:
+        loaded = [
+            s.model_copy(update={"seed": seed, "name": f"{s.name}@{seed}"})
+            for s in loaded
+            for seed in seeds
+        ]
     loaded += [random_scenario(seed) for seed in range(random_from, random_from + random_n)]
     met = judged = 0
     for scenario in loaded:

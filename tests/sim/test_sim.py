@@ -438,6 +438,21 @@ def test_command_runs_random_unseen_scenarios() -> None:
     assert {"planner", "aimd"} <= set(doc["results"])
 
 
+def test_command_runs_scenario_files_at_other_seeds(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(parametric(instances=30)))
+    args = ["bench", "planner", "--scenario", str(path), "--policy", "fixed:4", "--json"]
+    code, out = _cli([*args, "--seed", "5", "--seed", "6"])
+    assert code == 0
+    docs = [json.loads(line) for line in out.strip().splitlines()]
+    name = parametric()["name"]
+    assert [d["scenario"] for d in docs] == [f"{name}@5", f"{name}@6"]
+    makespans = [d["results"]["fixed:4"]["makespan_s"] for d in docs]
+    assert makespans[0] != makespans[1]  # other instances, not the same run twice
+    code, again = _cli([*args, "--seed", "5"])
+    assert json.loads(again.strip().splitlines()[-1]) == docs[0]  # a seed is reproducible
+
+
 def test_a_call_that_can_never_fit_a_limit_is_a_clear_error(tmp_path: Path) -> None:
     """A provider whose per-minute output limit is below one call's output answers that call
     "request too large" forever and every policy stalls: the benchmark refuses the scenario,
