@@ -419,10 +419,9 @@ class Gateway:
             if verdict.remaining:
                 # the provider's bucket is emptier than the pacer's: retries must not storm it
                 self.pacer.observe_remaining(call.alias.name, verdict.remaining)
-            if verdict.is_throttle or verdict.limit_type is LimitType.DAILY:
-                # and a bucket it says nothing of is empty: hold it (planner.pacer.classes_to_hold;
-                # a per-day limit's 429 holds every bucket for its retry-after)
-                self.pacer.hold(call.alias.name, verdict)
+            # and a bucket it says nothing of is empty: hold it (planner.pacer.classes_to_hold
+            # decides which, none for spend or overload; a per-day limit's 429 holds them all)
+            self.pacer.hold(call.alias.name, verdict)
             limit = None if verdict.limit_type is LimitType.NONE else verdict.limit_type.value
             self._record(call, upstream.status_code, latency, limit)
             wait = verdict.retry_after_s if verdict.retry_after_s is not None else 1.0

@@ -53,20 +53,30 @@ def parsed_limits(obs: Observation) -> dict[str, Any]:
     }
 
 
-def _carry_throttle(
-    obs: Observation,
-    limit_type: str | None,
-    limited_at: datetime | None,
-    stated: Any,
-) -> None:
-    """A success's observation keeps the last 429's type, time and stated limits."""
-    obs.last_limit_type, obs.last_limited_at = limit_type, limited_at
-    if isinstance(stated, dict):
-        obs.throttle_limits = {
+@dataclass(frozen=True)
+class _Throttle:
+    """An alias's last 429: its type, time and stated limits (sticky until the next one)."""
+
+    limit_type: str | None
+    limited_at: datetime | None
+    limits: dict[str, float]
+
+    @classmethod
+    def stored(cls, row: AliasObservation | None) -> _Throttle:
+        """From ``alias_observations`` (none yet: no 429 seen)."""
+        if row is None:
+            return cls(None, None, {})
+        raw = row.limits.get(THROTTLE_LIMITS_KEY) if isinstance(row.limits, dict) else None
+        limits = {
             str(k): float(v)
-            for k, v in stated.items()
+            for k, v in (raw.items() if isinstance(raw, dict) else ())
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
+        return cls(row.last_limit_type, row.last_limited_at, limits)
+
+    def carry_into(self, obs: Observation) -> None:
+        obs.last_limit_type, obs.last_limited_at = self.limit_type, self.limited_at
+        obs.throttle_limits = dict(self.limits)
 
 
 @dataclass
@@ -78,6 +88,8 @@ class CallRecorder:
     max_pending: int = 100_000
     _rows: list[dict[str, Any]] = field(default_factory=list)
     _observations: dict[str, Observation] = field(default_factory=dict)
+    # per alias, its last 429 (from this process, else read once from the ledger at a write)
+    _throttles: dict[str, _Throttle] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     dropped: int = 0
@@ -92,12 +104,13 @@ class CallRecorder:
 
     def observe(self, obs: Observation) -> None:
         """Keep the alias's latest headers; a 429's limit type and stated limits stick until the
-        next 429 (here until the flush, and across flushes in ``_write``)."""
-        previous = self._observations.get(obs.alias)
-        if obs.last_limit_type is None and previous is not None:
-            _carry_throttle(
-                obs, previous.last_limit_type, previous.last_limited_at, previous.throttle_limits
+        next 429, across flushes and gateway restarts (``_write`` reads the ledger's once)."""
+        if obs.last_limit_type is not None:
+            self._throttles[obs.alias] = _Throttle(
+                obs.last_limit_type, obs.last_limited_at, dict(obs.throttle_limits)
             )
+        elif (last := self._throttles.get(obs.alias)) is not None:
+            last.carry_into(obs)
         self._observations[obs.alias] = obs
 
     def start(self) -> None:
@@ -131,15 +144,11 @@ class CallRecorder:
             if rows:
                 session.execute(insert(LlmCall), rows)
             for obs in observations:
-                if obs.last_limit_type is None:
-                    stored = session.get(AliasObservation, obs.alias)
-                    if stored is not None:
-                        _carry_throttle(
-                            obs,
-                            stored.last_limit_type,
-                            stored.last_limited_at,
-                            stored.limits.get(THROTTLE_LIMITS_KEY),
-                        )
+                if obs.last_limit_type is None and obs.alias not in self._throttles:
+                    # the first write of this alias since start: a 429 before a restart sticks
+                    # too (setdefault: a 429 observed meanwhile on the event loop wins)
+                    stored = _Throttle.stored(session.get(AliasObservation, obs.alias))
+                    self._throttles.setdefault(obs.alias, stored).carry_into(obs)
                 limits = dict(obs.limits or parsed_limits(obs))
                 if obs.throttle_limits:
                     limits[THROTTLE_LIMITS_KEY] = obs.throttle_limits

@@ -33,6 +33,7 @@ from gateway.pacer_local import token_class
 from ledger import controls
 from ledger.clock import as_utc
 from ledger.models import AliasObservation, PacerConfig, PacerConfigHistory
+from ledger.pacer_state import stated_limits
 from planner.budgets import Budgets, initial_state, rebase
 from planner.classify import LimitType
 
@@ -227,13 +228,7 @@ def _observed_limits(session: Session, alias: str) -> dict[LimitType, float] | N
     ).scalar_one_or_none()
     if not row:
         return None
-    limits = row.get("limits", {}) if isinstance(row, dict) else {}
-    known = {t.value for t in LimitType}
-    return {
-        LimitType(k): float(v)
-        for k, v in limits.items()
-        if k in known and isinstance(v, int | float) and not isinstance(v, bool)
-    }
+    return stated_limits(row.get("limits") if isinstance(row, dict) else None)
 
 
 def show_pacer(session: Session, alias: Alias) -> dict[str, Any]:

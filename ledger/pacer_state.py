@@ -62,6 +62,7 @@ __all__ = [
     "save_state",
     "state_from_json",
     "state_to_json",
+    "stated_limits",
 ]
 
 _BUDGET_FIELDS = ("calls_per_s", "tokens_per_s", "output_tokens_per_s", "inflight_tokens")
@@ -466,15 +467,15 @@ def fresh_header_limits(
     if row is None or (since is not None and as_utc(row[0]) <= since):
         return None
     stored = row[1] if isinstance(row[1], dict) else {}
-    limits = _stated(stored.get("limits"))
+    limits = stated_limits(stored.get("limits"))
     limited_at = row[2]
     if limited_at is not None and (since is None or as_utc(limited_at) > since):
-        for limit_type, value in _stated(stored.get(THROTTLE_LIMITS_KEY)).items():
+        for limit_type, value in stated_limits(stored.get(THROTTLE_LIMITS_KEY)).items():
             limits.setdefault(limit_type, value)
     return limits or None
 
 
-def _stated(raw: Any) -> dict[LimitType, float]:
+def stated_limits(raw: Any) -> dict[LimitType, float]:
     """Positive numeric limits by known limit type (anything else in the JSON is ignored)."""
     if not isinstance(raw, dict):
         return {}

@@ -344,18 +344,16 @@ def step(
             if now - last < config.cooldown_s:
                 continue  # 429s of calls sent before the last cut
             level = state.budgets.get(cls)
-            if cls not in blamed:
-                state = _precautionary_cut(state, cls, now, config)
-                cut.append(cls)
+            delivered = obs.delivered.get(cls) if obs.delivered and cls in pressed else None
+            state, did_rebase = _cut(state, cls, now, config, delivered, blamed=cls in blamed)
+            cut.append(cls)
+            if cls in blamed:
+                notes.append(f"{cls}: 429 at {level:.6g} -> cut to {state.budgets.get(cls):.6g}")
+            else:
                 notes.append(
                     f"{cls}: 429 of an unknown limit, not this one's: cut to "
                     f"{state.budgets.get(cls):.6g}, its level {level:.6g} stays allowed"
                 )
-                continue
-            delivered = obs.delivered.get(cls) if obs.delivered and cls in pressed else None
-            state, did_rebase = _cut(state, cls, now, config, delivered)
-            cut.append(cls)
-            notes.append(f"{cls}: 429 at {level:.6g} -> cut to {state.budgets.get(cls):.6g}")
             if did_rebase:
                 rebased.append(cls)
                 notes.append(
@@ -440,32 +438,18 @@ def _blamed_classes(
     return named | pressed
 
 
-def _precautionary_cut(
-    state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig
-) -> BudgetState:
-    """Cut a class an unknown 429 may concern but did not blame: by ``cut``, down to the seed
-    when above it, with no 429 level remembered and no re-base count."""
-    level = state.budgets.get(cls)
-    seed_value = state.seed.get(cls)
-    assert level is not None and seed_value is not None
-    value = level * config.cut
-    if config.cut_to_seed and level > seed_value:
-        value = min(value, seed_value)
-    value = max(value, seed_value * config.min_fraction)
-    return replace(
-        state,
-        budgets=state.budgets.with_value(cls, value),
-        last_cut_at={**state.last_cut_at, cls: now},
-    )
-
-
 def _cut(
     state: BudgetState,
     cls: BudgetClass,
     now: float,
     config: ControllerConfig,
     delivered: float | None = None,
+    *,
+    blamed: bool = True,
 ) -> tuple[BudgetState, bool]:
+    """Cut ``cls`` after a 429 (rule 4). A class the 429 did not blame (``_blamed_classes``) is
+    cut the same way, but its level is not remembered as one that drew a 429 and the cut does
+    not count towards a re-base."""
     level = state.budgets.get(cls)
     seed_value = state.seed.get(cls)
     assert level is not None and seed_value is not None
@@ -486,6 +470,15 @@ def _cut(
     if config.cut_to_seed and level > seed_value:
         new_value = min(new_value, seed_value)  # the room above the seed was not there
     new_value = max(new_value, seed_value * config.min_fraction)
+    if not blamed:
+        return (
+            replace(
+                state,
+                budgets=state.budgets.with_value(cls, new_value),
+                last_cut_at={**state.last_cut_at, cls: now},
+            ),
+            False,
+        )
     cuts = tuple(t for t in state.cuts_below_seed.get(cls, ()) if now - t <= config.rebase_period_s)
     seed = state.seed
     rebased = False

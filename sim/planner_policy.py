@@ -33,7 +33,14 @@ from planner.classify import Classification, LimitType
 from planner.curves import HarnessCurve, default_curve
 from planner.decision import Decision, Quantity
 from planner.fit import fit_curve
-from planner.pacer import HOLD_AFTER_429_S, CallEstimate, CallUsage, PacerCore, classes_to_hold
+from planner.pacer import (
+    HOLD_AFTER_429_S,
+    CallEstimate,
+    CallUsage,
+    PacerCore,
+    classes_to_hold,
+    hold_seconds,
+)
 from planner.sizing import (
     Caps,
     Counting,
@@ -220,7 +227,7 @@ class PlannerPolicy:
         )
         if held:
             # an empty bucket it says nothing of takes no retries at once
-            self.pacer.hold(held, HOLD_AFTER_429_S, now)
+            self.pacer.hold(held, hold_seconds(classification, HOLD_AFTER_429_S), now)
         if self.state.in_cooldown(now):
             self._throttles.append(throttle)
             return

@@ -565,6 +565,15 @@ def test_a_limit_only_a_429_states_survives_later_successes(plan_ledger: Engine)
     # a tick after the 429 was stepped sees only what the latest headers state
     assert since_after == {LimitType.REQUESTS: 4000.0}
 
+    # a restarted gateway's first success keeps the ledger's 429 too
+    restarted = CallRecorder(sessionmaker(plan_ledger))
+    restarted.observe(success(T0 - timedelta(seconds=4)))
+    asyncio.run(restarted.flush())
+    with plan_ledger.connect() as conn:
+        row = conn.execute(select(AliasObservation).where(AliasObservation.alias == ALIAS)).one()
+        after_restart = pacer_state.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=15))
+    assert row.last_limit_type == "output_tokens" and after_restart == since_before
+
     # the same within one flush interval: the success replaces the 429 before any write
     recorder.observe(replace(throttle, observed_at=T0, last_limited_at=T0))
     recorder.observe(success(T0 + timedelta(seconds=1)))
