@@ -5,7 +5,8 @@ Per alias, four limits (visible and editable in the Prefect UI; the planner writ
 * ``evalfleet-pacer-<alias>-calls``: a rate limit, ``slot_decay_per_second`` = calls/s,
   ``limit`` = calls/s x burst (the burst a full bucket allows);
 * ``evalfleet-pacer-<alias>-tokens``: a rate limit for the counted (input or combined) tokens;
-* ``evalfleet-pacer-<alias>-output-tokens``: a rate limit for output tokens, when budgeted;
+* ``evalfleet-pacer-<alias>-output-tokens``: a rate limit for output tokens, when budgeted
+  (configured, or written by the planner once the provider's headers state an output limit);
 * ``evalfleet-pacer-<alias>-inflight-tokens``: a plain concurrency limit (no decay).
 
 Acquiring a Prefect limit per call is one HTTP round trip that serialises per process (~24/s
@@ -106,9 +107,13 @@ async def read_budgets(alias: Alias) -> Budgets:
     values: dict[str, float | None] = {"output_tokens_per_s": None}
     async with get_client() as client:
         for field, name in names.items():
-            if field == "output_tokens_per_s" and alias.pacer.output_tokens_per_s is None:
-                continue
-            gcl = await client.read_global_concurrency_limit_by_name(name)
+            try:
+                gcl = await client.read_global_concurrency_limit_by_name(name)
+            except ObjectNotFound:
+                if field == "output_tokens_per_s" and alias.pacer.output_tokens_per_s is None:
+                    # not configured, and the planner has not adopted a stated output limit
+                    continue
+                raise
             if not gcl.active:
                 log.warning("Prefect limit %s is inactive: not enforced", name)
                 values[field] = UNENFORCED

@@ -11,7 +11,8 @@ and in-flight tokens (a level, not a rate).
 
 Rules, in the order ``step`` applies them:
 1. Header limits (per minute, as stated) are hard caps: a budget is never above one; a seed
-   above one comes down to it; headers win over config (the seed becomes the header limit,
+   above one comes down to it; a stated output limit gets a budget even when the alias config
+   has none (it is a limit class the provider has); headers win over config (the seed becomes the header limit,
    ``seed_source="headers"``, ``seeded_at=now``). A limit stated for the first time (or changed)
    takes the budget up to it at once, not +5% per window from a low or stale seed — except
    above ``(1 - probe_margin)`` x a level that drew a 429 within ``memory_s``.
@@ -199,23 +200,24 @@ def _apply_headers(
     now: float,
     config: ControllerConfig,
 ) -> tuple[BudgetState, list[str]]:
-    caps = header_budgets(
-        observed_limits,
-        token_class=state.token_class,
-        has_output_budget=state.seed.output_tokens_per_s is not None,
-    )
+    # a stated output limit is a limit class the provider has: it gets a budget even when the
+    # alias config has none (else its 429s would cut every other budget, blind)
+    caps = header_budgets(observed_limits, token_class=state.token_class, has_output_budget=True)
     if not caps:
         return state, []
     notes: list[str] = []
     seed, budgets = state.seed, state.budgets
     for cls, cap in caps.items():
-        if seed.get(cls) != cap:
-            notes.append(f"{cls}: seed {seed.get(cls):.6g} -> header limit {cap:.6g}/s")
+        previous = seed.get(cls)
+        if previous is None:
+            notes.append(f"{cls}: a limit the config did not budget: header limit {cap:.6g}/s")
+        elif previous != cap:
+            notes.append(f"{cls}: seed {previous:.6g} -> header limit {cap:.6g}/s")
         seed = seed.with_value(cls, cap)
         current = budgets.get(cls)
-        if current is not None and current > cap:
+        if current is None or current > cap:
             budgets = budgets.with_value(cls, cap)
-        elif current is not None and state.observed.get(cls) != cap:
+        elif state.observed.get(cls) != cap:
             # a newly stated limit: the budget goes to it at once (not +5% per window from a
             # stale or low seed), but not back above a level that drew a 429 recently
             at = state.last_429_at.get(cls)

@@ -169,11 +169,7 @@ def _reseeded(state: BudgetState, headers: dict[LimitType, float]) -> BudgetStat
     """A stale seed with fresh headers: the stated limits become the budgets (``step`` then
     makes them the seed and hard caps). Without this, a stale budget far below the stated
     limit would stay there, growing 5% per window."""
-    caps = header_budgets(
-        headers,
-        token_class=state.token_class,
-        has_output_budget=state.seed.output_tokens_per_s is not None,
-    )
+    caps = header_budgets(headers, token_class=state.token_class, has_output_budget=True)
     budgets = state.budgets
     for cls, cap in caps.items():
         budgets = budgets.with_value(cls, cap)

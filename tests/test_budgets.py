@@ -127,6 +127,23 @@ def test_output_429_without_output_budget_on_a_combined_alias_cuts_tokens() -> N
     assert a.cut == (BudgetClass.TOKENS,)
 
 
+def test_a_stated_output_limit_gets_a_budget_the_config_did_not_have() -> None:
+    """Anthropic states an output-token limit; an alias configured without an output budget
+    adopts it, so the output limit's 429s cut that budget, not every other one."""
+    seed = Budgets(calls_per_s=50, tokens_per_s=25_000, output_tokens_per_s=None,
+                   inflight_tokens=2e6)  # fmt: skip
+    s = initial_state(seed, 0.0, cached_input_counts=False, token_class="input")
+    s, a = window(s, 15.0, observed_limits={LimitType.OUTPUT_TOKENS: 150_000.0})
+    assert s.budgets.output_tokens_per_s == pytest.approx(2_500.0)
+    assert s.seed.output_tokens_per_s == pytest.approx(2_500.0)
+    assert s.hard_caps[BudgetClass.OUTPUT_TOKENS] == pytest.approx(2_500.0)
+    assert any("did not budget" in note for note in a.notes)
+    s, a = window(s, 30.0, LimitType.OUTPUT_TOKENS)
+    assert a.cut == (BudgetClass.OUTPUT_TOKENS,)
+    assert s.budgets.tokens_per_s == pytest.approx(25_000.0 * 1.05)  # grown, not cut
+    assert s.budgets.calls_per_s == pytest.approx(50.0 * 1.05)
+
+
 def test_unknown_429_cuts_every_budget() -> None:
     s, a = window(fresh(), 15.0, LimitType.UNKNOWN)
     assert set(a.cut) == set(BudgetClass)

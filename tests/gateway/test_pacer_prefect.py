@@ -6,13 +6,14 @@ import asyncio
 import random
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 
 from gateway.aliases import Aliases, load_aliases
-from gateway.pacer_prefect import PrefectPacer, limit_names
+from gateway.pacer_prefect import PrefectPacer, limit_names, push_budgets
 from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable
 from planner.pacer import AGEING_TOKENS_PER_S
 
@@ -143,6 +144,16 @@ def test_prefect_limits_are_the_source_of_truth(prefect_api):
                 deadline = time.monotonic() + 3
                 while pacer.budgets(alias).calls_per_s != 40.0:
                     assert time.monotonic() < deadline, "the edit never reached the pacer"
+                    await asyncio.sleep(0.05)
+                # An output budget the config lacks: none until the planner writes one (a
+                # stated output limit it adopted), then the pacer enforces it.
+                assert pacer.budgets(alias).output_tokens_per_s is None
+                await push_budgets(
+                    aliases.get(alias), replace(pacer.budgets(alias), output_tokens_per_s=250.0)
+                )
+                deadline = time.monotonic() + 3
+                while pacer.budgets(alias).output_tokens_per_s != 250.0:
+                    assert time.monotonic() < deadline, "the adopted output budget never arrived"
                     await asyncio.sleep(0.05)
                 # A deleted limit fails the alias (strict): nothing is admitted unpaced.
                 await client.delete_global_concurrency_limit_by_name(names["tokens_per_s"])
