@@ -88,6 +88,7 @@ __all__ = [
     "header_classes",
     "initial_state",
     "rebase",
+    "recounted",
     "step",
 ]
 
@@ -191,6 +192,28 @@ def rebase(
         last_429_level={},
         last_429_at={},
         cuts_below_seed={},
+    )
+
+
+def recounted(state: BudgetState, cached_input_counts: bool) -> BudgetState:
+    """The alias's cache-counting belief changed (``planner.cache_counting``: the provider's
+    headers contradicted it). The token budget returns to the stated limit, which it measures
+    in the new units; its cuts and 429 levels were measured in the old ones and are dropped."""
+    if cached_input_counts == state.cached_input_counts:
+        return state
+    cls = BudgetClass.TOKENS
+    seed, budgets = state.seed, state.budgets
+    cap = state.hard_caps.get(cls)
+    if cap is not None:
+        seed, budgets = seed.with_value(cls, cap), budgets.with_value(cls, cap)
+    return replace(
+        state,
+        cached_input_counts=cached_input_counts,
+        seed=seed,
+        budgets=budgets,
+        last_429_level={k: v for k, v in state.last_429_level.items() if k is not cls},
+        last_429_at={k: v for k, v in state.last_429_at.items() if k is not cls},
+        cuts_below_seed={k: v for k, v in state.cuts_below_seed.items() if k is not cls},
     )
 
 

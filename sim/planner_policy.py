@@ -27,8 +27,10 @@ from planner.budgets import (
     WindowObservation,
     header_classes,
     initial_state,
+    recounted,
     step,
 )
+from planner.cache_counting import infer_cached_input_counts
 from planner.classify import Classification, LimitType
 from planner.curves import HarnessCurve, default_curve
 from planner.decision import Decision, Quantity
@@ -51,6 +53,7 @@ from planner.sizing import (
     hold_overdrive,
     steady_state,
 )
+from sim.charge_tracker import ChargeTracker
 from sim.engine import FleetView, Gate
 from sim.scenario import Scenario
 from sim.traces import TRACE_HARNESS
@@ -92,6 +95,9 @@ class PacerGate:
         self._cached = workload.cached.tolist()
         self._output = workload.output.tolist()
         self._offered: dict[int, float] = {}
+        # a call's last admission (the provider charges it then), and who hears of each
+        self.admitted_at: dict[int, float] = {}
+        self.on_admit: Callable[[float, int], None] | None = None
         self.wait_s = 0.0
         self.admitted = 0
 
@@ -100,6 +106,9 @@ class PacerGate:
         admitted = self.core.request(str(call), est, now).admitted
         if admitted:
             self.admitted += 1
+            self.admitted_at[call] = now
+            if self.on_admit is not None:
+                self.on_admit(now, call)
         else:
             self._offered[call] = now
         return admitted
@@ -118,6 +127,9 @@ class PacerGate:
         calls = [int(c) for c in self.core.poll(now)]
         for call in calls:
             self.wait_s += now - self._offered.pop(call)
+            self.admitted_at[call] = now
+            if self.on_admit is not None:
+                self.on_admit(now, call)
         self.admitted += len(calls)
         return calls
 
@@ -203,20 +215,39 @@ class PlannerPolicy:
         self.overdrive_factor = 1.0
         # (response time, call) of the provider's successes over the last cooldown
         self._accepted: deque[tuple[float, int]] = deque()
-        counted = workload.input - (0 if ac.cached_input_counts else workload.cached)
-        if self.token_class == "combined":
-            counted = counted + workload.output
-        self._counted = counted.tolist()
+        self._workload = workload
+        self._counted = self._counted_per_call(ac.cached_input_counts)
         self._output = workload.output.tolist()
+        base = workload.input - workload.cached
+        if self.token_class == "combined":
+            base = base + workload.output
+        self._base = base.tolist()
+        self._cached = workload.cached.tolist()
+        self.charges = ChargeTracker()
+        self._pacer_gate.on_admit = lambda now, call: self.charges.admitted(
+            now, self._base[call], self._cached[call]
+        )
+        self.recounted: list[tuple[float, bool]] = []  # (when, cache reads count) on each flip
+
+    def _counted_per_call(self, cached_input_counts: bool) -> list[float]:
+        wl = self._workload
+        counted = wl.input - (0 if cached_input_counts else wl.cached)
+        if self.token_class == "combined":
+            counted = counted + wl.output
+        return list(counted.tolist())
 
     def on_response(self, now: float, call: int, classification: Classification | None) -> None:
         if classification is None:
             self._answered += 1
             self._accepted.append((now, call))
+            admitted_at = self._pacer_gate.admitted_at.pop(call, now)
+            self.charges.sent(admitted_at, self._base[call], self._cached[call])
             while self._accepted[0][0] < now - self.controller.cooldown_s:
                 self._accepted.popleft()
             return
         throttle = (classification.limit_type, classification.retry_after_s)
+        if classification.limit_type in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
+            self._check_drain(classification, now)
         if classification.remaining:
             # the provider's buckets are emptier than ours: retries must not storm them
             self._observe_remaining(classification, now)
@@ -270,6 +301,49 @@ class PlannerPolicy:
             out[BudgetClass.OUTPUT_TOKENS] = output / span
         return out
 
+    def _counted_view(self, view: Classification | None) -> tuple[float | None, float | None]:
+        """The counted token class's stated limit (per minute) and remaining, if stated."""
+        if view is None:
+            return None, None
+        limits = header_classes(view.limits, token_class=self.token_class, has_output_budget=False)
+        left = header_classes(view.remaining, token_class=self.token_class, has_output_budget=False)
+        return limits.get(BudgetClass.TOKENS), left.get(BudgetClass.TOKENS)
+
+    def _check_drain(self, view: Classification, now: float) -> None:
+        """A token 429: does the drained bucket say cache reads count, against our belief?"""
+        if self.counting.cached_input_counts:
+            return
+        limit, remaining = self._counted_view(view)
+        if limit is None or remaining is None:
+            return
+        window = self.charges.drain(now, limit, remaining)
+        if window is not None and infer_cached_input_counts([window], believed=False):
+            self._recount(True, now)
+
+    def _check_counting(self, view: Classification | None, now: float) -> None:
+        """Test the cache-counting belief against the provider's stated bucket
+        (``planner.cache_counting``) over the spans closed so far."""
+        limit, remaining = self._counted_view(view)
+        if not self.charges.observe(now, limit, remaining):
+            return
+        believed = self.counting.cached_input_counts
+        counts = infer_cached_input_counts(list(self.charges.windows), believed)
+        if counts != believed:
+            self._recount(counts, now)
+
+    def _recount(self, counts: bool, now: float) -> None:
+        """The belief flips: the pacer, the sizing and the token budget follow."""
+        self.recounted.append((now, counts))
+        self.charges.restart()
+        self.counting = replace(self.counting, cached_input_counts=counts)
+        self.steady = steady_state(
+            self.curve, self.counting, self.sizing.boot_s, self.sizing.integration_age_s
+        )
+        self.pacer.cached_input_counts = counts
+        self._counted = self._counted_per_call(counts)
+        self.state = recounted(self.state, counts)
+        self.pacer.set_budgets(self.state.budgets, now)
+
     def _update_progress(self) -> None:
         """Smoothed share of unthrottled speed: 1 / (1 + pacer wait per call / mean gap)."""
         wait_s, admitted = self._pacer_gate.take_waits()
@@ -298,11 +372,12 @@ class PlannerPolicy:
     def tick(self, fleet: FleetView) -> int:
         now = fleet.now
         observed = None
+        view = self.headers_now(now)
         if self._answered or self._throttles:
-            view = self.headers_now(now)
             observed = dict(view.limits) if view is not None and view.limits else None
             if view is not None and view.remaining:
                 self._observe_remaining(view, now)
+        self._check_counting(view, now)
         obs = WindowObservation(
             now=now,
             throttles=tuple(self._throttles),

@@ -1,0 +1,132 @@
+"""Whether the provider counts cache reads against its token limit, from what its headers say.
+
+The alias config states a belief (``cached_input_counts``); it is the operator's, and it can be
+wrong. Wrong one way (the provider counts cache reads, the pacer does not), every call costs the
+provider several times what the pacer charged: a 429 storm. Wrong the other way, the pacer
+charges cache reads against a limit that ignores them, and the run goes at a fraction of what
+the provider allows, with no 429 to say so.
+
+A provider that states a token limit ``L`` and what remains of it ``R`` (a per-minute bucket,
+refilled continuously at ``L``) says how much it charged between two observations:
+``charge <= L x dt + R_start - R_end``, with equality when its bucket stayed below capacity (no
+refill was lost). Comparing that with what was sent in the same span, split into what counts
+either way (uncached input, and output for a combined limit) and cache reads, tells which
+belief explains the provider:
+
+* **cache reads count** when the provider charged at least the base plus half the cache reads,
+  and clearly more than the base alone. What it charged is at least what left its bucket
+  (``R_start - R_end``), and exactly the bound when the bucket stayed below capacity. A bucket
+  drained from full by calls whose uncached part is a fraction of it says so at once, at the
+  first 429, before a storm;
+* **cache reads do not count** when, over any spans, more was sent than the provider can have
+  charged (the bound) by a clear share of the cache reads.
+
+Evidence needs volume (a share of the bucket) and cache reads that matter (a share of the base);
+otherwise the belief stands. Pure: windows in, a belief out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from evalfleet.errors import ConfigError
+
+__all__ = ["ChargeWindow", "CountingConfig", "infer_cached_input_counts"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChargeWindow:
+    """One span between two observations of the provider's counted token bucket.
+
+    ``limit_per_s``: its stated limit per second (the same at both ends); ``capacity``: the
+    bucket's size (a per-minute limit: 60 x ``limit_per_s``); ``remaining_*``: what it said was
+    left; ``base``: tokens sent in the span that count either way; ``cached``: cache reads sent.
+    """
+
+    span_s: float
+    limit_per_s: float
+    capacity: float
+    remaining_start: float
+    remaining_end: float
+    base: float
+    cached: float
+
+    @property
+    def charge_bound(self) -> float:
+        """The most the provider can have charged over the span."""
+        return self.limit_per_s * self.span_s + self.remaining_start - self.remaining_end
+
+    def charge_floor(self, share: float) -> float:
+        """The least the provider can have charged: what left its bucket, plus the refill when
+        the bucket stayed below capacity (``below_capacity``)."""
+        if self.below_capacity(share):
+            return self.charge_bound
+        return max(self.remaining_start - self.remaining_end, 0.0)
+
+    def below_capacity(self, share: float) -> bool:
+        """Both ends below ``share`` x capacity: no refill was lost, the bound is the charge."""
+        top = share * self.capacity
+        return self.remaining_start < top and self.remaining_end < top
+
+
+@dataclass(frozen=True)
+class CountingConfig:
+    """Constants of the inference; each default is bounded (``ConfigError`` names the field)."""
+
+    full_share: float = 0.9  # a bucket above this share of capacity may have lost refill [0.5, 1]
+    min_volume: float = 0.5  # evidence needs this many buckets' worth sent [0.1, 10]
+    min_cached_share: float = 0.25  # cache reads below this share of the base do not matter [0, 10]
+    counts_share: float = 0.5  # charged at least base + this x cache reads: they count [0.1, 0.9]
+    excess_share: float = 0.3  # sent over the bound by this x cache reads: they don't [0.1, 0.9]
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        for name, lo, hi in (
+            ("full_share", 0.5, 1.0),
+            ("min_volume", 0.1, 10.0),
+            ("min_cached_share", 0.0, 10.0),
+            ("counts_share", 0.1, 0.9),
+            ("excess_share", 0.1, 0.9),
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and lo <= value <= hi):
+                problems.append(f"{name}: must be within [{lo}, {hi}], got {value!r}")
+        if problems:
+            raise ConfigError("cache-counting config", problems)
+
+
+def infer_cached_input_counts(
+    windows: Sequence[ChargeWindow], believed: bool, config: CountingConfig | None = None
+) -> bool:
+    """The belief the windows support: ``believed`` unless they clearly contradict it."""
+    cfg = config or CountingConfig()
+    usable = [w for w in windows if w.limit_per_s > 0 and w.capacity > 0 and w.span_s > 0]
+    if not usable:
+        return believed
+    capacity = max(w.capacity for w in usable)
+    if believed:
+        base = sum(w.base for w in usable)
+        cached = sum(w.cached for w in usable)
+        bound = sum(w.charge_bound for w in usable)
+        if (
+            _matters(base, cached, capacity, cfg)
+            and base + cached > bound + cfg.excess_share * cached
+        ):
+            return False
+        return believed
+    base = sum(w.base for w in usable)
+    cached = sum(w.cached for w in usable)
+    charged = sum(w.charge_floor(cfg.full_share) for w in usable)
+    if (
+        _matters(base, cached, capacity, cfg)
+        and charged >= base + cfg.counts_share * cached
+        and charged > base * (1.0 + cfg.min_cached_share)
+    ):
+        return True
+    return believed
+
+
+def _matters(base: float, cached: float, capacity: float, cfg: CountingConfig) -> bool:
+    return base + cached >= cfg.min_volume * capacity and cached >= cfg.min_cached_share * base

@@ -1,0 +1,105 @@
+"""The simulated gateway's record of what it sent and what the provider's headers said was left,
+cut into ``planner.cache_counting.ChargeWindow`` spans for the cache-counting inference.
+
+A call is charged by the provider when it is admitted, so what was sent is attributed to the
+time the pacer admitted the call (its last admission, for a retried call) and recorded when its
+successful response arrives. A span is closed only ``lag_s`` after its end, when the calls
+admitted in it have been answered. One snapshot of the counted token class's stated limit and
+remaining per planner tick marks the span boundaries; a span across a change of the stated
+limit is dropped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from planner.cache_counting import ChargeWindow
+
+SPAN_TICKS = 2  # a span is 2 planner ticks (30 s)
+LAG_S = 30.0  # a span is closed this long after its end
+KEEP = 8  # spans kept as evidence
+DRAIN_S = 90.0  # how far back a 429's drained bucket is compared with what was admitted
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    at: float
+    limit_per_s: float
+    remaining: float
+
+
+class ChargeTracker:
+    """Spans of sent tokens against the provider's stated bucket (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._snapshots: deque[_Snapshot] = deque()
+        self._sent: list[tuple[float, float, float]] = []  # (admitted at, base, cached)
+        self._admitted: deque[tuple[float, float, float]] = deque()  # every admission
+        self.windows: deque[ChargeWindow] = deque(maxlen=KEEP)
+
+    def admitted(self, at: float, base: float, cached: float) -> None:
+        """A call the pacer admitted (the provider may still reject it)."""
+        self._admitted.append((at, base, cached))
+        while self._admitted and self._admitted[0][0] < at - DRAIN_S:
+            self._admitted.popleft()
+
+    def drain(self, now: float, limit_per_minute: float, remaining: float) -> ChargeWindow | None:
+        """A 429 of the counted class says its bucket is at ``remaining``: the span from the
+        oldest snapshot within ``DRAIN_S``, with everything admitted since (admitted, not
+        accepted: it over-states what was sent, so it can only make "cache reads count" harder
+        to conclude)."""
+        start = next((s for s in self._snapshots if s.at >= now - DRAIN_S), None)
+        if start is None or start.limit_per_s != limit_per_minute / 60.0:
+            return None
+        inside = [a for a in self._admitted if a[0] >= start.at]
+        return ChargeWindow(
+            span_s=max(now - start.at, 1e-9),
+            limit_per_s=start.limit_per_s,
+            capacity=start.limit_per_s * 60.0,
+            remaining_start=start.remaining,
+            remaining_end=remaining,
+            base=sum(b for _, b, _ in inside),
+            cached=sum(c for _, _, c in inside),
+        )
+
+    def sent(self, admitted_at: float, base: float, cached: float) -> None:
+        """A call the provider accepted: ``base`` counts either way, ``cached`` are cache reads."""
+        self._sent.append((admitted_at, base, cached))
+
+    def observe(self, now: float, limit_per_minute: float | None, remaining: float | None) -> bool:
+        """A tick's view of the counted class; True when a new span was closed."""
+        if limit_per_minute is None or remaining is None or limit_per_minute <= 0:
+            self._snapshots.clear()  # a gap in what the provider states: spans restart
+            return False
+        self._snapshots.append(_Snapshot(now, limit_per_minute / 60.0, remaining))
+        if len(self._snapshots) <= SPAN_TICKS:
+            return False
+        start, end = self._snapshots[0], self._snapshots[SPAN_TICKS]
+        if end.at > now - LAG_S:
+            return False
+        for _ in range(SPAN_TICKS):
+            self._snapshots.popleft()
+        # responses arrive out of admission order: filter, keep what is not yet spanned
+        self._sent = [s for s in self._sent if s[0] >= start.at]
+        inside = [s for s in self._sent if s[0] < end.at]
+        base = sum(b for _, b, _ in inside)
+        cached = sum(c for _, _, c in inside)
+        if start.limit_per_s != end.limit_per_s:
+            return False
+        self.windows.append(
+            ChargeWindow(
+                span_s=end.at - start.at,
+                limit_per_s=end.limit_per_s,
+                capacity=end.limit_per_s * 60.0,
+                remaining_start=start.remaining,
+                remaining_end=end.remaining,
+                base=base,
+                cached=cached,
+            )
+        )
+        return True
+
+    def restart(self) -> None:
+        """Evidence gathered under the old belief is spent."""
+        self.windows.clear()
