@@ -256,16 +256,15 @@ def test_request_count_429s_cut_only_the_calls_budget() -> None:
 
 
 def test_token_429s_cut_only_the_token_budget() -> None:
-    """Lesson: a token 429 leaves the request budget alone. The provider counts cache reads
-    and the operator believes it does not, so the pacer under-counts and token 429s come even
-    though the headers state the limit."""
+    """Lesson: a token 429 leaves the request budget alone. The token limit drops to a quarter
+    mid-run, and the provider's bucket runs dry before the headers say so."""
     scenario = parse_scenario(
         parametric(
             provider={
                 "rpm": 10**6,
                 "input_tpm": 120_000,
                 "headers": "openai",
-                "cached_input_counts": True,
+                "changes": [{"at_s": 200, "input_tpm": 30_000}],
             },
             alias_config={"calls_per_s": 30, "tokens_per_s": 2_000},
             instances=100,
@@ -477,3 +476,56 @@ def test_random_scenarios_leave_room_for_their_largest_call() -> None:
     for seed in (74, *range(8)):  # 74: the trace's 65,536-token output once exceeded its limit
         scenario = random_scenario(seed)
         assert calls_that_never_fit(scenario, build_workload(scenario)) == []
+
+
+def _belief_scenario(provider_counts: bool, believed: bool) -> Scenario:
+    return parse_scenario(
+        parametric(
+            provider={
+                "rpm": 10**6,
+                # binding for a run of ~4x the longest instance, whichever way it counts
+                "input_tpm": 1_500_000 if provider_counts else 300_000,
+                "headers": "anthropic",
+                "cached_input_counts": provider_counts,
+            },
+            harness={"parametric": {**parametric()["harness"]["parametric"], "cached_share": 0.8}},
+            alias_config={
+                "calls_per_s": 30,
+                "tokens_per_s": 25_000 if believed else 5_000,
+                "cached_input_counts": believed,
+            },
+            instances=150,
+        ),
+        "s",
+    )
+
+
+def test_a_wrong_belief_that_cache_reads_count_is_corrected() -> None:
+    """Lesson: cached tokens counted or not. The operator believes the provider counts cache
+    reads and it does not: a pacer that charges them runs at a fifth of the limit, with no 429
+    to say so. The provider's remaining-tokens headers do say so."""
+    policy, row = simulate_planner(_belief_scenario(provider_counts=False, believed=True))
+    assert [counts for _, counts in policy.recounted] == [False]
+    assert policy.recounted[0][0] < 600
+    assert not policy.pacer.cached_input_counts and not policy.counting.cached_input_counts
+    assert row["ratio"] <= 1.2 and row["rate_429"] <= 0.005
+
+
+def test_a_wrong_belief_that_cache_reads_do_not_count_is_corrected() -> None:
+    """The other way: the provider counts cache reads, the pacer does not, and each call costs
+    the provider five times what the pacer charged. The drained bucket says so; after the flip
+    the pacer keeps under the limit."""
+    policy, row = simulate_planner(_belief_scenario(provider_counts=True, believed=False))
+    assert [counts for _, counts in policy.recounted] == [True]
+    assert policy.recounted[0][0] < 600
+    assert policy.pacer.cached_input_counts
+    # the first minute's 429s drained the bucket and are the evidence; a pacer that kept its
+    # belief drew 429s on three calls in four
+    assert row["ratio"] <= 1.2 and row["rate_429"] <= 0.1 and row["late_429"] == 0
+
+
+@pytest.mark.parametrize("counts", [True, False])
+def test_a_right_belief_is_never_flipped(counts: bool) -> None:
+    policy, row = simulate_planner(_belief_scenario(provider_counts=counts, believed=counts))
+    assert policy.recounted == []
+    assert row["ratio"] <= 1.2 and row["rate_429"] <= 0.005

@@ -1,0 +1,81 @@
+"""Whether the provider counts cache reads, from its stated bucket (planner/cache_counting.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalfleet.errors import ConfigError
+from planner.cache_counting import ChargeWindow, CountingConfig, infer_cached_input_counts
+
+LIMIT = 100_000.0  # tokens/s: a 6M-token per-minute bucket
+CAP = 60 * LIMIT
+
+
+def span(start: float, end: float, base: float, cached: float, span_s: float = 30.0):
+    return ChargeWindow(
+        span_s=span_s,
+        limit_per_s=LIMIT,
+        capacity=CAP,
+        remaining_start=start,
+        remaining_end=end,
+        base=base,
+        cached=cached,
+    )
+
+
+def test_a_drained_bucket_that_only_cache_reads_explain_means_they_count() -> None:
+    # 1M uncached + 3M cache reads sent while 30 s of refill (3M) and 1M of the bucket went:
+    # the provider charged 4M, which 1M uncached alone cannot explain
+    windows = [span(2e6, 1e6, base=1e6, cached=3e6)]
+    assert infer_cached_input_counts(windows, believed=False) is True
+    assert infer_cached_input_counts(windows, believed=True) is True
+
+
+def test_a_bucket_drained_from_full_is_a_floor_on_the_charge() -> None:
+    # from full to empty in 30 s: refill may have been lost at the top, but 6M left the bucket
+    windows = [span(CAP, 0.0, base=1e6, cached=7e6)]
+    assert windows[0].charge_floor(0.9) == CAP
+    assert infer_cached_input_counts(windows, believed=False) is True
+
+
+def test_a_charge_the_uncached_tokens_explain_keeps_them_uncounted() -> None:
+    # charged 3M + 0.2M: the uncached tokens sent (3.1M), not the cache reads
+    windows = [span(2e6, 1.8e6 + 1e5, base=3.1e6, cached=5e6)]
+    assert infer_cached_input_counts(windows, believed=False) is False
+
+
+def test_sending_more_than_the_provider_can_have_charged_means_they_do_not_count() -> None:
+    # the bucket stayed full while 3M uncached and 8M of cache reads went out over 60 s: at most
+    # 6M can have been charged
+    windows = [span(CAP, CAP, base=1.5e6, cached=4e6), span(CAP, CAP, base=1.5e6, cached=4e6)]
+    assert infer_cached_input_counts(windows, believed=True) is False
+    assert infer_cached_input_counts(windows, believed=False) is False
+
+
+def test_a_pacer_at_the_limit_under_the_right_belief_keeps_it() -> None:
+    # counted 3M per 30 s (the refill) with the bucket steady: consistent with counting
+    windows = [span(1e6, 1e6, base=0.5e6, cached=2.5e6) for _ in range(4)]
+    assert infer_cached_input_counts(windows, believed=True) is True
+    # and a full bucket with sends at the limit says nothing either way
+    full = [span(CAP, CAP, base=0.5e6, cached=2.5e6) for _ in range(4)]
+    assert infer_cached_input_counts(full, believed=True) is True
+    assert infer_cached_input_counts(full, believed=False) is False
+
+
+@pytest.mark.parametrize(
+    "windows",
+    [
+        [span(2e5, 1e5, base=2e5, cached=8e5)],  # too little sent to judge
+        [span(2e6, 1e6, base=3.9e6, cached=0.1e6)],  # cache reads too few to matter
+        [],
+    ],
+    ids=["little-volume", "few-cache-reads", "no-evidence"],
+)
+def test_weak_evidence_leaves_the_belief_alone(windows: list[ChargeWindow]) -> None:
+    assert infer_cached_input_counts(windows, believed=False) is False
+    assert infer_cached_input_counts(windows, believed=True) is True
+
+
+def test_config_bounds_are_clear_errors() -> None:
+    with pytest.raises(ConfigError, match="counts_share"):
+        CountingConfig(counts_share=1.5)
