@@ -175,7 +175,10 @@ class _Bucket:
 
     def wait_for(self, need: float) -> float:
         short = min(need, self.capacity) - self.level
-        if short <= _EPS * max(1.0, need):
+        # the level is a running sum of charges and refills of up to ``capacity``: its rounding
+        # error scales with that, not with ``need`` (a 13-token call once waited 4e-13 s, below
+        # the clock's resolution, forever)
+        if short <= _EPS * max(1.0, need, self.capacity):
             return 0.0
         return short / self.rate
 

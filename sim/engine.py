@@ -30,6 +30,7 @@ from sim.workload import Workload
 
 TICK, START, REQUEST, RESPONSE, DONE, WAKE = range(6)
 DEFAULT_RETRY_S = 15.0
+MIN_WAKE_STEP_S = 1e-6  # a pacer wake is at least this far ahead of the drain that set it
 # What a policy that does not read headers hears of a 429: that it happened.
 _BARE_429 = Classification(status=429, limit_type=LimitType.UNKNOWN)
 
@@ -188,7 +189,8 @@ class Simulation:
             assert gate is not None
             nt = gate.next_time(t)
             if nt is not None and nt < wake_at:
-                wake_at = max(nt, t)
+                # the gate was just drained at t: a wake at t itself would loop at t forever
+                wake_at = max(nt, t + MIN_WAKE_STEP_S)
                 push(wake_at, WAKE, -1)
 
         def admit_from_gate(t: float) -> None:

@@ -19,6 +19,7 @@ from planner.pacer import (
     CallEstimate,
     CallUsage,
     PacerCore,
+    _Bucket,
     classes_to_hold,
     hold_seconds,
 )
@@ -408,3 +409,14 @@ def test_a_per_day_limits_429_holds_every_bucket_for_its_retry_after() -> None:
     pacer.hold(EVERY_BUCKET, hold_seconds(daily, 5.0), 0.0)
     assert not pacer.request("x", CallEstimate(10), 0.0).admitted
     assert pacer.next_ready_at(0.0) == pytest.approx(90.1, abs=0.01)  # 90 s, then one call's refill
+
+
+def test_a_shortfall_within_the_buckets_rounding_waits_nothing() -> None:
+    """The token bucket's level is a running sum of charges and refills as large as its
+    capacity: once a 13-token call found it 1.6e-8 short and waited 4e-13 s, below the clock's
+    resolution at t=4,863 s, so the simulator woke at the same instant forever."""
+    bucket = _Bucket(rate=40_000.0, capacity=2_400_000.0)
+    bucket.level = 12.99999998396379
+    assert bucket.wait_for(13.0) == 0.0
+    bucket.level = 12.0  # a real shortfall still waits for its refill
+    assert bucket.wait_for(13.0) == pytest.approx(1.0 / 40_000.0)

@@ -529,3 +529,56 @@ def test_a_right_belief_is_never_flipped(counts: bool) -> None:
     policy, row = simulate_planner(_belief_scenario(provider_counts=counts, believed=counts))
     assert policy.recounted == []
     assert row["ratio"] <= 1.2 and row["rate_429"] <= 0.005
+
+
+class _StuckGate:
+    """A gate that says its head can go now but admits nothing until 1 ms has passed (what a
+    rounding shortfall below the clock's resolution looks like to the engine)."""
+
+    waiting = 0
+
+    def __init__(self) -> None:
+        self.queue: list[int] = []
+        self.first: float | None = None
+
+    def offer(self, now: float, call: int) -> bool:
+        self.queue.append(call)
+        self.waiting = len(self.queue)
+        self.first = now if self.first is None else self.first
+        return False
+
+    def release(self, now: float, call: int, ok: bool) -> None:
+        return None
+
+    def admit_ready(self, now: float) -> list[int]:
+        assert self.first is not None
+        if now - self.first < 1e-3:
+            return []
+        out, self.queue = self.queue, []
+        self.waiting = 0
+        return out
+
+    def next_time(self, now: float) -> float | None:
+        return now if self.queue else None
+
+
+def test_a_gate_stuck_at_now_does_not_stop_simulated_time() -> None:
+    scenario = parse_scenario(parametric(instances=3), "s")
+    workload = build_workload(scenario)
+    spec, changes = limit_spec(scenario)
+
+    class Stuck:
+        name = "stuck"
+        reads_headers = False
+
+        def __init__(self) -> None:
+            self.gate = _StuckGate()
+
+        def tick(self, fleet: Any) -> int:
+            return 3
+
+        def on_response(self, now: float, call: int, classification: Any) -> None:
+            return None
+
+    stats = Simulation(workload, Stuck(), ProviderLimits(spec, changes), "none").run()  # type: ignore[arg-type]
+    assert stats.finished == 3
