@@ -161,6 +161,7 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "cuts_below_seed": {str(k): list(v) for k, v in state.cuts_below_seed.items()},
         "observed": _classes(state.observed),
         "observed_at": state.observed_at,
+        "at_ceiling_since": _classes(state.at_ceiling_since),
     }
 
 
@@ -221,7 +222,14 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         problems.append("seeded_at: required")
     maps = {
         k: _class_map(data, k, problems)
-        for k in ("hard_caps", "last_429_level", "last_429_at", "last_cut_at", "observed")
+        for k in (
+            "hard_caps",
+            "last_429_level",
+            "last_429_at",
+            "last_cut_at",
+            "observed",
+            "at_ceiling_since",  # absent in states saved before rule 7: {}
+        )
     }
     cuts = _class_map(data, "cuts_below_seed", problems)
     for name, values in [*maps.items(), ("cuts_below_seed", cuts)]:
@@ -256,6 +264,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         cuts_below_seed={k: tuple(float(x) for x in v) for k, v in cuts.items()},
         observed={k: float(v) for k, v in maps["observed"].items()},
         observed_at=None if observed_at is None else float(observed_at),
+        at_ceiling_since={k: float(v) for k, v in maps["at_ceiling_since"].items()},
     )
 
 

@@ -99,10 +99,15 @@ class ControllerConfig:
     probe_margin: float = 0.05  # growth stays this far below a recent 429 level [0, 0.5]
     rebase_cuts: int = 2  # cuts below the seed ... [1, 20]
     rebase_period_s: float = 1800.0  # ... within this period re-base the seed [0, 86400]
+    rebase_up_s: float = 600.0  # clean and used at 1.5x the seed this long: re-base up [60, 86400]
     overload_backoff_s: float = 30.0  # back-off after 529/503 [0, 3600]
     stale_after_s: float = 6 * 3600.0  # seed age after which it is stale [60, 30 days]
     min_fraction: float = 0.01  # floor of any budget, as a share of its seed (0, 1]
-    grow_min_utilisation: float = 0.8  # growth needs this share of the budget used [0, 1]
+    # growth needs this share of the budget used [0, 1]. 0: every clean budget grows, used or
+    # not, which keeps an unknown 429's blame (the class used most relative to its budget) on
+    # the class that binds: budgets held near their use by this gate all look pressed.
+    grow_min_utilisation: float = 0.0
+    rebase_up_min_utilisation: float = 0.8  # a re-base up needs this share used [0, 1]
     cut_to_seed: bool = True  # a 429 above the seed cuts to the seed at least
 
     def __post_init__(self) -> None:
@@ -117,10 +122,12 @@ class ControllerConfig:
         _bounded("probe_margin", self.probe_margin, 0.0, 0.5, p)
         _bounded("rebase_cuts", self.rebase_cuts, 1, 20, p)
         _bounded("rebase_period_s", self.rebase_period_s, 0.0, 86400.0, p)
+        _bounded("rebase_up_s", self.rebase_up_s, 60.0, 86400.0, p)
         _bounded("overload_backoff_s", self.overload_backoff_s, 0.0, 3600.0, p)
         _bounded("stale_after_s", self.stale_after_s, 60.0, 30 * 86400.0, p)
         _bounded("min_fraction", self.min_fraction, 1e-6, 1.0, p)
         _bounded("grow_min_utilisation", self.grow_min_utilisation, 0.0, 1.0, p)
+        _bounded("rebase_up_min_utilisation", self.rebase_up_min_utilisation, 0.0, 1.0, p)
         if p:
             raise ConfigError("controller config", p)
 
@@ -148,6 +155,8 @@ class BudgetState:
     cuts_below_seed: Mapping[BudgetClass, tuple[float, ...]] = field(default_factory=dict)
     observed: Mapping[BudgetClass, float] = field(default_factory=dict)  # header limits /s
     observed_at: float | None = None
+    # since when each class has stood clean and used at max_over_seed x its seed (rule 7)
+    at_ceiling_since: Mapping[BudgetClass, float] = field(default_factory=dict)
 
     def in_cooldown(self, now: float) -> bool:
         """Launches are frozen: after a 429 (cooldown) or an overload (backoff)."""
@@ -165,8 +174,9 @@ class WindowObservation:
     headers state them (``Classification.limits``), or None when no header was seen.
     ``utilisation``: the share of each budget the pacer admitted over the window
     (``PacerCore.take_usage(now).utilisation``); when given, only budgets used at least
-    ``grow_min_utilisation`` grow (a budget nobody presses against proves nothing). None: every
-    clean budget grows.
+    ``grow_min_utilisation`` grow, and only budgets used at least ``rebase_up_min_utilisation``
+    count towards a re-base up (a budget nobody presses against proves nothing). None: every
+    clean budget grows, and none is re-based up.
     ``delivered``: per class, the rate the provider accepted (successful calls, their counted
     tokens, their output tokens; per second) over the last ``cooldown_s``; read only by a
     repeated cut (rule 4). None: cuts are by ``cut`` alone.

@@ -48,9 +48,16 @@ Rules, in the order ``step`` applies them:
    by ``(1 - probe_margin)`` x the last level that drew a 429, so it is not re-probed every few
    windows.
 6. A clean window (no 429 of that class, no freeze or backoff overlapping the window, and,
-   when the observation reports it, the budget used at least ``grow_min_utilisation``) grows a
+   when the observation reports it, the budget used at least ``grow_min_utilisation``, by
+   default 0, in a window in which the alias sent something) grows a
    budget by ``growth`` up to min(max_over_seed x seed, hard cap, recent 429 level x (1 -
    probe_margin)).
+7. A budget held at max_over_seed x its seed by that ceiling alone (no header limit or recent
+   429 level below it), clean and used at least ``rebase_up_min_utilisation`` for
+   ``rebase_up_s``, re-bases its seed to its level: the provider accepted half as much again
+   as the seed said for that long, so the seed was low (an operator's guess, or a limit raised
+   mid-run). Growth then goes on, +5% per window up to 1.5x the new seed; the first 429 cuts
+   and is remembered as usual.
 
 The types (budgets, config, state, observation) live in ``planner.budget_state``.
 Pure: the clock is ``obs.now``; no I/O.
@@ -386,9 +393,12 @@ def step(
                     f"{state.seed.get(cls):.6g}"
                 )
 
-    # 6. growth on a clean window.
+    # 6. growth on a clean window; 7. a seed the provider clearly allows more than is re-based
+    # up.
     grown: list[BudgetClass] = []
-    if not frozen_in_window and not state.in_cooldown(now):
+    used: set[BudgetClass] = set()  # clean and pressed against: evidence for rule 7
+    idle = obs.utilisation is not None and not any(v > 0 for v in obs.utilisation.values())
+    if not frozen_in_window and not state.in_cooldown(now) and not idle:
         for cls in state.budgets.classes():
             if cls in hit:
                 continue
@@ -397,10 +407,24 @@ def step(
                 and obs.utilisation.get(cls, 0.0) < config.grow_min_utilisation
             ):
                 continue
+            if (
+                obs.utilisation is not None
+                and obs.utilisation.get(cls, 0.0) >= config.rebase_up_min_utilisation
+            ):
+                used.add(cls)
             new_value = _grown(state, cls, now, config)
             if new_value is not None:
                 state = replace(state, budgets=state.budgets.with_value(cls, new_value))
                 grown.append(cls)
+    rebased_up: list[BudgetClass] = []
+    if obs.utilisation is not None:
+        state, rebased_up = _rebased_up(state, used, now, config)
+        for cls in rebased_up:
+            rebased.append(cls)
+            notes.append(
+                f"{cls}: clean and used at {config.max_over_seed:g}x its seed for "
+                f"{config.rebase_up_s:g} s: seed re-based up to {state.seed.get(cls):.6g}"
+            )
 
     state = _floored(state, config)
     return state, ControllerActions(
@@ -562,6 +586,45 @@ def _grown(
     assert value is not None
     target = min(value * (1.0 + config.growth), _ceiling(state, cls, now, config))
     return target if target > value else None
+
+
+def _rebased_up(
+    state: BudgetState, used: set[BudgetClass], now: float, config: ControllerConfig
+) -> tuple[BudgetState, list[BudgetClass]]:
+    """Rule 7: a class held at ``max_over_seed`` x its seed by that ceiling alone (not by a
+    header limit nor a recent 429 level), clean and used for ``rebase_up_s``, re-bases its seed
+    to its level: the provider allows more than the seed said (an operator's low guess, a
+    limit raised mid-run) and growth may go on. Without utilisation figures nothing is proven
+    (an unused budget at its ceiling says nothing of the provider)."""
+    since = dict(state.at_ceiling_since)
+    seed = state.seed
+    rebased: list[BudgetClass] = []
+    for cls in state.budgets.classes():
+        level = state.budgets.get(cls)
+        seed_value = seed.get(cls)
+        assert level is not None and seed_value is not None
+        held_by_seed = level >= seed_value * config.max_over_seed * (1.0 - 1e-9) and (
+            _ceiling(state, cls, now, config) >= seed_value * config.max_over_seed * (1.0 - 1e-9)
+        )
+        if cls not in used or not held_by_seed:
+            since.pop(cls, None)
+            continue
+        start = since.setdefault(cls, now)
+        if now - start >= config.rebase_up_s:
+            seed = seed.with_value(cls, level)
+            since.pop(cls)
+            rebased.append(cls)
+    if not rebased and since == state.at_ceiling_since:
+        return state, []
+    return (
+        replace(
+            state,
+            seed=seed,
+            at_ceiling_since=since,
+            seed_source="controller" if rebased else state.seed_source,
+        ),
+        rebased,
+    )
 
 
 def _floored(state: BudgetState, config: ControllerConfig) -> BudgetState:

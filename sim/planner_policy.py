@@ -40,6 +40,7 @@ from planner.pacer import (
     CallEstimate,
     CallUsage,
     PacerCore,
+    PacerUsage,
     classes_to_hold,
     hold_seconds,
 )
@@ -353,9 +354,8 @@ class PlannerPolicy:
         weight = min(1.0, self.sizing.step_s / max(self.curve.mean_duration_s(), 1.0))
         self.progress = min(1.0, max(0.05, self.progress + weight * (window - self.progress)))
 
-    def _hold_overdrive(self, now: float) -> None:
+    def _hold_overdrive(self, now: float, usage: PacerUsage) -> None:
         """Feed the saturation controller the last window's use of the saturating budget."""
-        usage = self.pacer.take_usage(now)
         last = self.decisions[-1] if self.decisions else None
         if (
             last is None
@@ -378,17 +378,19 @@ class PlannerPolicy:
             if view is not None and view.remaining:
                 self._observe_remaining(view, now)
         self._check_counting(view, now)
+        usage = self.pacer.take_usage(now)
         obs = WindowObservation(
             now=now,
             throttles=tuple(self._throttles),
             observed_limits=observed,
+            utilisation=usage.utilisation,
             delivered=self._delivered(now) if self._throttles else None,
         )
         self._throttles.clear()
         self._answered = 0
         self.state, actions = step(self.state, obs, self.controller)
         self._update_progress()
-        self._hold_overdrive(now)
+        self._hold_overdrive(now, usage)
         self.pacer.set_budgets(self.state.budgets, now)
         decision = decide(
             FleetState(

@@ -316,9 +316,10 @@ def test_bad_values_are_clear_errors() -> None:
                 inflight_tokens=1)  # fmt: skip
 
 
-def test_only_budgets_that_were_used_grow() -> None:
+def test_with_a_utilisation_gate_only_budgets_that_were_used_grow() -> None:
     util = {BudgetClass.REQUESTS: 0.95, BudgetClass.TOKENS: 0.3, BudgetClass.INFLIGHT: 0.1}
-    s, a = window(fresh(), 15.0, utilisation=util)
+    gated = replace(CFG, grow_min_utilisation=0.8)
+    s, a = step(fresh(), WindowObservation(now=15.0, utilisation=util), gated)
     assert a.grown == (BudgetClass.REQUESTS,)
     assert s.budgets.tokens_per_s == SEED.tokens_per_s  # not pressed against: proves nothing
 
@@ -470,3 +471,49 @@ def test_a_per_day_limit_backs_off_for_its_retry_after_and_cuts_nothing() -> Non
     long = WindowObservation(now=15.0, throttles=((LimitType.DAILY, 36_000.0),))
     s, _ = step(start, long, CFG)
     assert s.backoff_until == pytest.approx(15.0 + CFG.max_freeze_s)  # bounded, re-read later
+
+
+USED = {cls: 0.95 for cls in BudgetClass}
+
+
+def _run_clean(s: BudgetState, start: float, windows: int, **kw: object) -> BudgetState:
+    for i in range(windows):
+        s, _ = window(s, start + 15.0 * i, **kw)
+    return s
+
+
+def test_a_budget_used_clean_at_1_5x_its_seed_for_long_re_bases_it_up() -> None:
+    """Rule 7: the provider accepted half as much again as the seed said, used and without a
+    429, for ``rebase_up_s``: the seed was low (an operator's guess, a limit raised mid-run)."""
+    s = _run_clean(fresh(), 15.0, 10, utilisation=USED)  # 1.05^9 > 1.5: at the ceiling
+    assert s.budgets.calls_per_s == pytest.approx(75.0) and s.seed.calls_per_s == 50.0
+    s = _run_clean(s, 165.0, int(CFG.rebase_up_s / 15.0) + 1, utilisation=USED)
+    assert s.seed.calls_per_s == pytest.approx(75.0)
+    assert s.seed_source == "controller"
+    s = _run_clean(s, 2000.0, 10, utilisation=USED)
+    assert s.budgets.calls_per_s == pytest.approx(112.5)  # 1.5x the new seed
+
+
+@pytest.mark.parametrize(
+    "case", ["unused", "no-utilisation", "header-limit", "recent-429", "interrupted"]
+)
+def test_a_budget_is_not_re_based_up_without_clean_evidence(case: str) -> None:
+    util = dict(USED)
+    s = fresh()
+    if case == "unused":
+        util[BudgetClass.REQUESTS] = 0.5
+    if case == "header-limit":
+        s = fresh(observed_limits={LimitType.REQUESTS: 4500.0})  # 75/s stated: a hard cap
+    if case == "recent-429":
+        s, _ = window(s, 15.0, LimitType.REQUESTS)  # drew a 429 at 50/s
+        s = replace(s, budgets=s.budgets.with_value(BudgetClass.REQUESTS, 50.0))
+    kw: dict[str, object] = {} if case == "no-utilisation" else {"utilisation": util}
+    windows = int(3 * CFG.rebase_up_s / 15.0)
+    for i in range(windows):
+        now = 60.0 + 15.0 * i
+        if case == "interrupted" and i % 30 == 29:
+            s, _ = window(s, now, utilisation={**util, BudgetClass.REQUESTS: 0.1})
+        else:
+            s, _ = window(s, now, **kw)  # type: ignore[arg-type]
+    assert s.seed.calls_per_s == pytest.approx(75.0 if case == "header-limit" else 50.0)
+    assert s.budgets.calls_per_s <= 75.0 + 1e-9
