@@ -18,7 +18,11 @@ takes effect within one interval. Reads are strict: a missing limit fails the al
 Prefect's own meaning of ``active=False`` — and a warning is logged.
 
 ``ensure_limits`` creates missing limits from the alias's seed (never overwriting what an
-operator or the planner set); ``push_budgets`` upserts them (the planner's write).
+operator or the planner set); ``push_budgets`` upserts them (the planner's write). Whether the
+provider counts cache reads against its token limit is the alias config's belief until the
+planner infers otherwise from the provider's headers (``planner.cache_counting``); it then
+writes the Prefect variable ``evalfleet-pacer-<alias>-cached-input-counts``, which each sync
+applies to the local pacer.
 
 Limits of this design: one gateway process per alias (several gateways would each pace at the
 full budget); the limits' active slots are not mirrored, so the UI shows budgets, not usage.
@@ -36,6 +40,7 @@ from typing import Any
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.variables import Variable
 
 from gateway.aliases import Alias, Aliases
 from gateway.pacer_local import InProcessPacer, seed_budgets
@@ -93,12 +98,31 @@ async def ensure_limits(alias: Alias) -> list[str]:
     return created
 
 
-async def push_budgets(alias: Alias, budgets: Budgets) -> None:
-    """Write budgets to the alias's limits (create or update: the planner's tick)."""
+def counting_variable(alias: str) -> str:
+    """The Prefect variable holding whether the alias's provider counts cache reads, as the
+    planner last inferred it (absent: the alias config's belief)."""
+    return f"evalfleet-pacer-{alias}-cached-input-counts"
+
+
+async def push_budgets(
+    alias: Alias, budgets: Budgets, *, cached_input_counts: bool | None = None
+) -> None:
+    """Write budgets to the alias's limits (create or update: the planner's tick), and the
+    cache-counting belief when given."""
     names = limit_names(alias.name)
     async with get_client() as client:
         for field, (limit, decay) in limit_values(budgets, alias.pacer.burst_s).items():
             await client.upsert_global_concurrency_limit_by_name(names[field], limit, decay)
+    if cached_input_counts is not None:
+        await Variable.aset(counting_variable(alias.name), cached_input_counts, overwrite=True)
+
+
+async def read_counting(alias: Alias) -> bool:
+    """Whether the alias's pacer counts cache reads: the planner's inference, else the config."""
+    async with get_client() as client:
+        variable = await client.read_variable_by_name(counting_variable(alias.name))
+    value = None if variable is None else variable.value
+    return value if isinstance(value, bool) else alias.cached_input_counts
 
 
 async def read_budgets(alias: Alias) -> Budgets:
@@ -169,6 +193,15 @@ class PrefectPacer(InProcessPacer):
                 continue
             if budgets != self.budgets(alias.name) or self._pacer(alias.name).failure:
                 self.set_budgets(alias.name, budgets)
+            core = self._pacer(alias.name).core
+            counts = await read_counting(alias)
+            if counts != core.cached_input_counts:
+                log.info(
+                    "alias %s: pacing with cache reads %s",
+                    alias.name,
+                    "counted" if counts else "not counted",
+                )
+                core.cached_input_counts = counts
         self.syncs += 1
 
     async def _sync_loop(self) -> None:

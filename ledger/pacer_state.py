@@ -89,6 +89,8 @@ class StoredState:
     progress: float = 1.0  # smoothed share of unthrottled speed (planner.sizing.FleetState)
     overdrive: float = 1.0  # the saturation controller's multiplier (planner.sizing.hold_overdrive)
     busy_since: datetime | None = None  # start of the alias's current busy period
+    # the cache-counting evidence (``tasks.plan_counting.CountingEvidence`` as JSON)
+    counting: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,7 @@ def load_state(conn: Connection, alias: str) -> StoredState | None:
         progress=float(progress),
         overdrive=float(r.overdrive),
         busy_since=None if r.busy_since is None else as_utc(r.busy_since),
+        counting=r.state.get("counting") if isinstance(r.state, dict) else None,
     )
 
 
@@ -305,7 +308,9 @@ def save_state(engine: Engine, stored: StoredState) -> None:
     """Insert or replace the alias's row (one transaction)."""
     values = {
         "alias": stored.alias,
-        "state": state_to_json(stored.state) | {"progress": stored.progress},
+        "state": state_to_json(stored.state)
+        | {"progress": stored.progress}
+        | ({} if stored.counting is None else {"counting": stored.counting}),
         "config_version": stored.config_version,
         "last_call_id": stored.last_call_id,
         "tick_at": stored.tick_at,

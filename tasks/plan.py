@@ -325,7 +325,7 @@ def record_decisions(now: datetime, decisions: dict[str, Decision]) -> None:
         )
 
 
-_PUSHED: dict[tuple[str, str], tuple[Budgets, float, float]] = {}
+_PUSHED: dict[tuple[str, str], tuple[Budgets, float, bool, float]] = {}
 _PUSHED_LOCK = threading.Lock()
 REASSERT_S = 60.0
 
@@ -351,17 +351,23 @@ def push_pacer_limits(steps: dict[str, BudgetStep]) -> list[str]:
         at = time.monotonic()
         if (
             last is not None
-            and last[:2] == (s.state.budgets, s.burst_s)
-            and at - last[2] < REASSERT_S
+            and last[:3] == (s.state.budgets, s.burst_s, s.state.cached_input_counts)
+            and at - last[3] < REASSERT_S
         ):
             continue
         alias = known.get(name)
         alias = alias.model_copy(
             update={"pacer": alias.pacer.model_copy(update={"burst_s": s.burst_s})}
         )
-        run_coro_as_sync(push_budgets(alias, s.state.budgets))
+        counts = s.state.cached_input_counts
+        # the variable is written only when the belief leaves the config's or changes again
+        # (each write is an API call the embedded SQLite-backed server is short of)
+        write = counts != alias.cached_input_counts if last is None else counts != last[2]
+        run_coro_as_sync(
+            push_budgets(alias, s.state.budgets, cached_input_counts=counts if write else None)
+        )
         with _PUSHED_LOCK:
-            _PUSHED[(api, name)] = (s.state.budgets, s.burst_s, at)
+            _PUSHED[(api, name)] = (s.state.budgets, s.burst_s, s.state.cached_input_counts, at)
         pushed.append(name)
     return pushed
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -64,6 +64,7 @@ from planner.curves import DEFAULT_HARNESS, HarnessCurve
 from planner.decision import Binding, Quantity
 from planner.sizing import Counting, OverdriveConfig, SizingConfig, hold_overdrive, steady_state
 from tasks.ledger_io import engine
+from tasks.plan_counting import CountingEvidence, advance
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,7 @@ class _Prior:
     overdrive: float
     busy_since: datetime
     tick_at: datetime | None  # the previous tick (None: first)
+    counting: CountingEvidence = field(default_factory=CountingEvidence)
 
 
 def _prior(
@@ -227,6 +229,7 @@ def _prior(
         overdrive,
         busy_since,
         stored.tick_at,
+        CountingEvidence.from_json(stored.counting, source=f"pacer_states {alias.name!r}"),
     )
 
 
@@ -328,6 +331,17 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             delivered=delivered,
         )
         state, actions = step(state, obs, cfg)
+        believed = state.cached_input_counts
+        with eng.connect() as conn:
+            counting, state, flipped = advance(conn, name, prior.counting, state, now)
+        if flipped:
+            log.warning(
+                "alias %s: the provider's stated token bucket says cache reads %s against its "
+                "limit (the config says they %s): pacing, sizing and the token budget follow",
+                name,
+                "count" if state.cached_input_counts else "do not count",
+                "do" if believed else "do not",
+            )
         curve = curve_for(harness).curve
         progress = _smoothed(prior.progress, window, curve, prior.window_s)
         warmup_s = sizing_config().boot_s + curve.mean_duration_s()
@@ -349,6 +363,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
                 progress=progress,
                 overdrive=overdrive,
                 busy_since=prior.busy_since,
+                counting=counting.to_json(),
             ),
         )
         out[name] = BudgetStep(

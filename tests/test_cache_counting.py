@@ -79,3 +79,13 @@ def test_weak_evidence_leaves_the_belief_alone(windows: list[ChargeWindow]) -> N
 def test_config_bounds_are_clear_errors() -> None:
     with pytest.raises(ConfigError, match="counts_share"):
         CountingConfig(counts_share=1.5)
+
+
+def test_stored_evidence_round_trips_and_bad_evidence_is_named() -> None:
+    from tasks.plan_counting import Anchor, CountingEvidence
+
+    evidence = CountingEvidence((Anchor(10.0, LIMIT, CAP),), (span(CAP, CAP, 1e6, 3e6),))
+    assert CountingEvidence.from_json(evidence.to_json(), source="t") == evidence
+    assert CountingEvidence.from_json(None, source="t") == CountingEvidence()
+    with pytest.raises(ConfigError, match=r"counting.anchors\[0\]"):
+        CountingEvidence.from_json({"anchors": [[1.0, "x", 2.0]]}, source="pacer_states 'a'")

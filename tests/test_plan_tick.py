@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import psycopg
 import pytest
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine, delete, func, insert, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -588,3 +588,66 @@ def test_a_limit_only_a_429_states_survives_later_successes(plan_ledger: Engine)
     with plan_ledger.connect() as conn:
         limits = pacer_state.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=1))
     assert limits is not None and limits[LimitType.OUTPUT_TOKENS] == 90000.0
+
+
+# ---------------------------------------------------------------------------------------------
+# the provider's stated bucket against the cache-counting belief
+
+
+def _observe_bucket(eng: Engine, at: datetime, remaining: float) -> None:
+    """The gateway's latest headers: a combined 1.62M tokens/min limit with ``remaining``."""
+    values = {
+        "observed_at": at,
+        "status": 200,
+        "headers": {},
+        "limits": {"limits": {"tokens": 1_620_000.0}, "remaining": {"tokens": remaining}},
+    }
+    with eng.begin() as conn:
+        conn.execute(delete(AliasObservation).where(AliasObservation.alias == ALIAS))
+        conn.execute(insert(AliasObservation).values(alias=ALIAS, **values))
+
+
+def _send(eng: Engine, at: datetime, n: int) -> None:
+    """``n`` calls of 50k input tokens, 45k of them cache reads."""
+    with eng.begin() as conn:
+        conn.execute(
+            insert(LlmCall),
+            [
+                {
+                    "alias": ALIAS,
+                    "requested_at": at,
+                    "input_tokens": 50_000,
+                    "cached_input_tokens": 45_000,
+                    "output_tokens": 100,
+                    "status": 200,
+                    "latency_s": 1.0,
+                }
+                for _ in range(n)
+            ],
+        )
+
+
+@pytest.mark.parametrize("provider_counts", [False, True])
+def test_the_stated_bucket_corrects_a_wrong_cache_counting_belief(
+    plan_ledger: Engine, provider_counts: bool
+) -> None:
+    """The alias config says cache reads count (sim-openai); the limit is 27k tokens/s (405k
+    per 15 s, a 1.62M bucket). A provider that ignores cache reads accepts 20 calls per 15 s
+    (1M tokens, 0.9M of them cache reads) and its bucket stays full: the planner stops
+    charging them. One that counts them is drained by a first burst and then accepts what
+    refills it: the belief stands."""
+    add_run(plan_ledger, running=5, queued=30)
+    remaining = 1_620_000.0
+    for k in range(10):
+        at = T0 + timedelta(seconds=15 * k)
+        n = 20 if not provider_counts else (30 if k == 0 else 8)
+        _send(plan_ledger, at - timedelta(seconds=10), n)
+        if provider_counts:
+            remaining = min(1_620_000.0, remaining + 405_000.0) - n * 50_100
+        _observe_bucket(plan_ledger, at - timedelta(seconds=1), remaining)
+        plan.plan_tick(at, False)
+    row = stored(plan_ledger)
+    assert row.state.cached_input_counts is provider_counts
+    assert row.counting is not None and row.counting["anchors"]
+    if not provider_counts:
+        assert row.state.budgets.tokens_per_s == pytest.approx(27_000.0)  # the stated limit

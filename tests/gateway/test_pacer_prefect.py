@@ -155,6 +155,17 @@ def test_prefect_limits_are_the_source_of_truth(prefect_api):
                 while pacer.budgets(alias).output_tokens_per_s != 250.0:
                     assert time.monotonic() < deadline, "the adopted output budget never arrived"
                     await asyncio.sleep(0.05)
+                # The planner inferred that the provider ignores cache reads (the config says
+                # they count): the pacer stops charging them within a sync.
+                core = pacer._pacer(alias).core
+                assert core.cached_input_counts is True
+                await push_budgets(
+                    aliases.get(alias), pacer.budgets(alias), cached_input_counts=False
+                )
+                deadline = time.monotonic() + 3
+                while core.cached_input_counts:
+                    assert time.monotonic() < deadline, "the inferred counting never arrived"
+                    await asyncio.sleep(0.05)
                 # A deleted limit fails the alias (strict): nothing is admitted unpaced.
                 await client.delete_global_concurrency_limit_by_name(names["tokens_per_s"])
                 deadline = time.monotonic() + 3

@@ -1,0 +1,88 @@
+"""What the ledger says about the provider's counted-token bucket and what was sent into it:
+the two readings the cache-counting inference (``planner.cache_counting``) compares.
+
+* ``counted_bucket``: the latest stated limit and remaining of the alias's counted token class
+  (``alias_observations``, as the gateway's recorder last flushed it), with when it was seen.
+* ``sent_between``: the tokens of the calls the provider accepted, requested in a span, split
+  into what counts either way (uncached input, plus output for a combined limit) and cache
+  reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Connection, func, select
+
+from ledger.clock import as_utc
+from ledger.models import AliasObservation, LlmCall
+from ledger.pacer_state import stated_limits
+from planner.budget_state import BudgetClass, TokenClass
+from planner.budgets import header_classes
+from planner.classify import LimitType
+
+__all__ = ["BucketReading", "counted_bucket", "sent_between"]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketReading:
+    """The counted token class's bucket as the provider last stated it."""
+
+    observed_at: datetime
+    limit_per_minute: float
+    remaining: float
+
+
+def counted_bucket(conn: Connection, alias: str, token_class: TokenClass) -> BucketReading | None:
+    """The latest stated limit and remaining of ``alias``'s counted token class, if stated."""
+    row = conn.execute(
+        select(AliasObservation.observed_at, AliasObservation.limits).where(
+            AliasObservation.alias == alias
+        )
+    ).first()
+    if row is None or not isinstance(row[1], dict):
+        return None
+    limits = header_classes(
+        stated_limits(row[1].get("limits")), token_class=token_class, has_output_budget=False
+    )
+    left = header_classes(
+        _remaining(row[1].get("remaining")), token_class=token_class, has_output_budget=False
+    )
+    limit, remaining = limits.get(BudgetClass.TOKENS), left.get(BudgetClass.TOKENS)
+    if limit is None or remaining is None:
+        return None
+    return BucketReading(as_utc(row[0]), limit, remaining)
+
+
+def _remaining(raw: object) -> dict[LimitType, float]:
+    """Stated remaining values by known limit type (0 is a value: an empty bucket)."""
+    if not isinstance(raw, dict):
+        return {}
+    known = {t.value for t in LimitType}
+    return {
+        LimitType(k): float(v)
+        for k, v in raw.items()
+        if k in known and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+    }
+
+
+def sent_between(
+    conn: Connection, alias: str, start: datetime, end: datetime, token_class: TokenClass
+) -> tuple[float, float]:
+    """(base, cache reads) of the accepted calls of ``alias`` requested in [start, end)."""
+    base = LlmCall.input_tokens - LlmCall.cached_input_tokens
+    if token_class == "combined":
+        base = base + LlmCall.output_tokens
+    row = conn.execute(
+        select(
+            func.coalesce(func.sum(base), 0),
+            func.coalesce(func.sum(LlmCall.cached_input_tokens), 0),
+        ).where(
+            LlmCall.alias == alias,
+            LlmCall.status == 200,
+            LlmCall.requested_at >= start,
+            LlmCall.requested_at < end,
+        )
+    ).one()
+    return float(row[0]), float(row[1])

@@ -1,0 +1,144 @@
+"""The planner tick's side of the cache-counting inference (``planner.cache_counting``).
+
+Per alias and tick, the provider's latest statement of its counted-token bucket
+(``ledger.charges.counted_bucket``: limit and remaining, when the gateway saw it) becomes an
+anchor when it is newer than the last one. Two anchors at least ``SPAN_S`` apart, the later one
+``LAG_S`` old (the calls requested before it have been answered and recorded), close a span:
+``ledger.charges.sent_between`` sums what was sent in it. The last ``KEEP`` spans are the
+evidence; when they contradict the alias's belief, the state's ``cached_input_counts`` flips
+(``planner.budgets.recounted``): the tick's accounting, the sizing and the token budget follow,
+and the gateway's pacer follows through the alias's Prefect variable
+(``gateway.pacer_prefect.push_budgets``).
+
+The evidence is kept with the stored state (``pacer_states.state["counting"]``) as JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from evalfleet.errors import ConfigError
+from ledger.charges import counted_bucket, sent_between
+from planner.budget_state import BudgetState
+from planner.budgets import recounted
+from planner.cache_counting import ChargeWindow, infer_cached_input_counts
+
+SPAN_S = 30.0  # a span covers at least this long
+LAG_S = 30.0  # and closes this long after its end
+KEEP = 8  # spans kept as evidence
+_ANCHORS = 16  # anchors kept while a span is open
+
+_WINDOW_FIELDS = (
+    "span_s",
+    "limit_per_s",
+    "capacity",
+    "remaining_start",
+    "remaining_end",
+    "base",
+    "cached",
+)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    at: float  # epoch seconds
+    limit_per_s: float
+    remaining: float
+
+
+@dataclass(frozen=True)
+class CountingEvidence:
+    anchors: tuple[Anchor, ...] = ()
+    windows: tuple[ChargeWindow, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "anchors": [[a.at, a.limit_per_s, a.remaining] for a in self.anchors],
+            "windows": [[getattr(w, f) for f in _WINDOW_FIELDS] for w in self.windows],
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any, *, source: str) -> CountingEvidence:
+        """The stored evidence (absent in states saved before it existed: none)."""
+        if raw is None:
+            return cls()
+        problems: list[str] = []
+        anchors: list[Anchor] = []
+        windows: list[ChargeWindow] = []
+        if not isinstance(raw, dict):
+            raise ConfigError(source, ["counting: must be an object"])
+        for i, item in enumerate(raw.get("anchors") or []):
+            if _numbers(item, 3):
+                anchors.append(Anchor(*(float(x) for x in item)))
+            else:
+                problems.append(f"counting.anchors[{i}]: must be 3 numbers")
+        for i, item in enumerate(raw.get("windows") or []):
+            if _numbers(item, len(_WINDOW_FIELDS)):
+                windows.append(ChargeWindow(*(float(x) for x in item)))
+            else:
+                problems.append(f"counting.windows[{i}]: must be {len(_WINDOW_FIELDS)} numbers")
+        if problems:
+            raise ConfigError(source, problems)
+        return cls(tuple(anchors), tuple(windows))
+
+
+def _numbers(item: Any, n: int) -> bool:
+    return (
+        isinstance(item, list)
+        and len(item) == n
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in item)
+    )
+
+
+def advance(
+    conn: Connection,
+    alias: str,
+    evidence: CountingEvidence,
+    state: BudgetState,
+    now: datetime,
+) -> tuple[CountingEvidence, BudgetState, bool]:
+    """One tick: take a new anchor, close what spans are due, test the belief. Returns the new
+    evidence and state, and whether the belief flipped."""
+    anchors = list(evidence.anchors)
+    windows = list(evidence.windows)
+    reading = counted_bucket(conn, alias, state.token_class)
+    if reading is not None:
+        at = reading.observed_at.timestamp()
+        if not anchors or at > anchors[-1].at:
+            anchors.append(Anchor(at, reading.limit_per_minute / 60.0, reading.remaining))
+    horizon = now.timestamp() - LAG_S
+    while len(anchors) >= 2:
+        start = anchors[0]
+        end = next((a for a in anchors[1:] if a.at - start.at >= SPAN_S), None)
+        if end is None or end.at > horizon:
+            break
+        anchors = anchors[anchors.index(end) :]
+        if end.limit_per_s != start.limit_per_s:
+            continue  # the stated limit changed inside the span: it says nothing
+        base, cached = sent_between(conn, alias, _utc(start.at), _utc(end.at), state.token_class)
+        windows.append(
+            ChargeWindow(
+                span_s=end.at - start.at,
+                limit_per_s=end.limit_per_s,
+                capacity=end.limit_per_s * 60.0,
+                remaining_start=start.remaining,
+                remaining_end=end.remaining,
+                base=base,
+                cached=cached,
+            )
+        )
+    anchors = anchors[-_ANCHORS:]
+    windows = windows[-KEEP:]
+    counts = infer_cached_input_counts(windows, state.cached_input_counts)
+    if counts == state.cached_input_counts:
+        return CountingEvidence(tuple(anchors), tuple(windows)), state, False
+    # evidence gathered under the old belief is spent
+    return CountingEvidence(tuple(anchors[-1:])), recounted(state, counts), True
+
+
+def _utc(epoch_s: float) -> datetime:
+    return datetime.fromtimestamp(epoch_s, tz=UTC)
