@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from planner.cache_counting import ChargeWindow
 
-SPAN_TICKS = 2  # a span is 2 planner ticks (30 s)
-LAG_S = 30.0  # a span is closed this long after its end
+SPAN_TICKS = 1  # a span is 1 planner tick (15 s)
+LAG_S = 15.0  # a span is closed this long after its end
 KEEP = 8  # spans kept as evidence
 DRAIN_S = 90.0  # how far back a 429's drained bucket is compared with what was admitted
 
