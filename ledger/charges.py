@@ -10,28 +10,18 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection, func, select
 
 from ledger.clock import as_utc
 from ledger.models import AliasObservation, LlmCall
-from ledger.pacer_state import stated_limits
+from ledger.pacer_state import stated_limits, stated_remaining
 from planner.budget_state import BudgetClass, TokenClass
 from planner.budgets import header_classes
-from planner.classify import LimitType
+from planner.cache_counting import BucketReading
 
-__all__ = ["BucketReading", "counted_bucket", "sent_between"]
-
-
-@dataclass(frozen=True, slots=True)
-class BucketReading:
-    """The counted token class's bucket as the provider last stated it."""
-
-    observed_at: datetime
-    limit_per_minute: float
-    remaining: float
+__all__ = ["counted_bucket", "sent_between"]
 
 
 def counted_bucket(conn: Connection, alias: str, token_class: TokenClass) -> BucketReading | None:
@@ -47,24 +37,12 @@ def counted_bucket(conn: Connection, alias: str, token_class: TokenClass) -> Buc
         stated_limits(row[1].get("limits")), token_class=token_class, has_output_budget=False
     )
     left = header_classes(
-        _remaining(row[1].get("remaining")), token_class=token_class, has_output_budget=False
+        stated_remaining(row[1].get("remaining")), token_class=token_class, has_output_budget=False
     )
     limit, remaining = limits.get(BudgetClass.TOKENS), left.get(BudgetClass.TOKENS)
     if limit is None or remaining is None:
         return None
-    return BucketReading(as_utc(row[0]), limit, remaining)
-
-
-def _remaining(raw: object) -> dict[LimitType, float]:
-    """Stated remaining values by known limit type (0 is a value: an empty bucket)."""
-    if not isinstance(raw, dict):
-        return {}
-    known = {t.value for t in LimitType}
-    return {
-        LimitType(k): float(v)
-        for k, v in raw.items()
-        if k in known and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
-    }
+    return BucketReading(as_utc(row[0]).timestamp(), limit / 60.0, remaining)
 
 
 def sent_between(

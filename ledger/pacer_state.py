@@ -491,11 +491,20 @@ def fresh_header_limits(
 
 def stated_limits(raw: Any) -> dict[LimitType, float]:
     """Positive numeric limits by known limit type (anything else in the JSON is ignored)."""
+    return {k: v for k, v in _stated(raw).items() if v > 0}
+
+
+def stated_remaining(raw: Any) -> dict[LimitType, float]:
+    """Non-negative remaining values by known limit type (0 is a value: an empty bucket)."""
+    return {k: v for k, v in _stated(raw).items() if v >= 0}
+
+
+def _stated(raw: Any) -> dict[LimitType, float]:
     if not isinstance(raw, dict):
         return {}
     known = {t.value for t in LimitType}
     return {
         LimitType(k): float(v)
         for k, v in raw.items()
-        if k in known and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+        if k in known and isinstance(v, int | float) and not isinstance(v, bool)
     }

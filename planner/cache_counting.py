@@ -33,7 +33,17 @@ from dataclasses import dataclass
 
 from evalfleet.errors import ConfigError
 
-__all__ = ["ChargeWindow", "CountingConfig", "infer_cached_input_counts"]
+__all__ = ["BucketReading", "ChargeWindow", "CountingConfig", "infer_cached_input_counts"]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketReading:
+    """The provider's counted token bucket as stated at ``at`` (seconds): its limit per second
+    and what remained of it."""
+
+    at: float
+    limit_per_s: float
+    remaining: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +62,22 @@ class ChargeWindow:
     remaining_end: float
     base: float
     cached: float
+
+    @classmethod
+    def between(
+        cls, start: BucketReading, end_at: float, end_remaining: float, base: float, cached: float
+    ) -> ChargeWindow:
+        """The span from ``start`` to a reading of the same stated limit at ``end_at``, with a
+        per-minute bucket (capacity 60 x the limit)."""
+        return cls(
+            span_s=max(end_at - start.at, 1e-9),
+            limit_per_s=start.limit_per_s,
+            capacity=start.limit_per_s * 60.0,
+            remaining_start=start.remaining,
+            remaining_end=end_remaining,
+            base=base,
+            cached=cached,
+        )
 
     @property
     def charge_bound(self) -> float:

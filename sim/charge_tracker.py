@@ -12,9 +12,8 @@ limit is dropped.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
-from planner.cache_counting import ChargeWindow
+from planner.cache_counting import BucketReading, ChargeWindow
 
 SPAN_TICKS = 1  # a span is 1 planner tick (15 s)
 LAG_S = 15.0  # a span is closed this long after its end
@@ -22,24 +21,20 @@ KEEP = 8  # spans kept as evidence
 DRAIN_S = 90.0  # how far back a 429's drained bucket is compared with what was admitted
 
 
-@dataclass(frozen=True, slots=True)
-class _Snapshot:
-    at: float
-    limit_per_s: float
-    remaining: float
-
-
 class ChargeTracker:
     """Spans of sent tokens against the provider's stated bucket (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._snapshots: deque[_Snapshot] = deque()
+        self._snapshots: deque[BucketReading] = deque()
         self._sent: list[tuple[float, float, float]] = []  # (admitted at, base, cached)
         self._admitted: deque[tuple[float, float, float]] = deque()  # every admission
+        self._admitted_at: dict[int, float] = {}  # each call's last admission
         self.windows: deque[ChargeWindow] = deque(maxlen=KEEP)
 
-    def admitted(self, at: float, base: float, cached: float) -> None:
-        """A call the pacer admitted (the provider may still reject it)."""
+    def admitted(self, call: int, at: float, base: float, cached: float) -> None:
+        """A call the pacer admitted (the provider may still reject it; a retry is admitted
+        again, and the provider charges its last admission)."""
+        self._admitted_at[call] = at
         self._admitted.append((at, base, cached))
         while self._admitted and self._admitted[0][0] < at - DRAIN_S:
             self._admitted.popleft()
@@ -53,26 +48,21 @@ class ChargeTracker:
         if start is None or start.limit_per_s != limit_per_minute / 60.0:
             return None
         inside = [a for a in self._admitted if a[0] >= start.at]
-        return ChargeWindow(
-            span_s=max(now - start.at, 1e-9),
-            limit_per_s=start.limit_per_s,
-            capacity=start.limit_per_s * 60.0,
-            remaining_start=start.remaining,
-            remaining_end=remaining,
-            base=sum(b for _, b, _ in inside),
-            cached=sum(c for _, _, c in inside),
+        return ChargeWindow.between(
+            start, now, remaining, sum(b for _, b, _ in inside), sum(c for _, _, c in inside)
         )
 
-    def sent(self, admitted_at: float, base: float, cached: float) -> None:
-        """A call the provider accepted: ``base`` counts either way, ``cached`` are cache reads."""
-        self._sent.append((admitted_at, base, cached))
+    def sent(self, call: int, now: float, base: float, cached: float) -> None:
+        """A call the provider accepted at ``now``: ``base`` counts either way, ``cached`` are
+        cache reads; attributed to its last admission."""
+        self._sent.append((self._admitted_at.pop(call, now), base, cached))
 
     def observe(self, now: float, limit_per_minute: float | None, remaining: float | None) -> bool:
         """A tick's view of the counted class; True when a new span was closed."""
         if limit_per_minute is None or remaining is None or limit_per_minute <= 0:
             self._snapshots.clear()  # a gap in what the provider states: spans restart
             return False
-        self._snapshots.append(_Snapshot(now, limit_per_minute / 60.0, remaining))
+        self._snapshots.append(BucketReading(now, limit_per_minute / 60.0, remaining))
         if len(self._snapshots) <= SPAN_TICKS:
             return False
         start, end = self._snapshots[0], self._snapshots[SPAN_TICKS]
@@ -87,17 +77,7 @@ class ChargeTracker:
         cached = sum(c for _, _, c in inside)
         if start.limit_per_s != end.limit_per_s:
             return False
-        self.windows.append(
-            ChargeWindow(
-                span_s=end.at - start.at,
-                limit_per_s=end.limit_per_s,
-                capacity=end.limit_per_s * 60.0,
-                remaining_start=start.remaining,
-                remaining_end=end.remaining,
-                base=base,
-                cached=cached,
-            )
-        )
+        self.windows.append(ChargeWindow.between(start, end.at, end.remaining, base, cached))
         return True
 
     def restart(self) -> None:

@@ -96,9 +96,7 @@ class PacerGate:
         self._cached = workload.cached.tolist()
         self._output = workload.output.tolist()
         self._offered: dict[int, float] = {}
-        # a call's last admission (the provider charges it then), and who hears of each
-        self.admitted_at: dict[int, float] = {}
-        self.on_admit: Callable[[float, int], None] | None = None
+        self.on_admit: Callable[[float, int], None] | None = None  # hears of each admission
         self.wait_s = 0.0
         self.admitted = 0
 
@@ -107,7 +105,6 @@ class PacerGate:
         admitted = self.core.request(str(call), est, now).admitted
         if admitted:
             self.admitted += 1
-            self.admitted_at[call] = now
             if self.on_admit is not None:
                 self.on_admit(now, call)
         else:
@@ -128,7 +125,6 @@ class PacerGate:
         calls = [int(c) for c in self.core.poll(now)]
         for call in calls:
             self.wait_s += now - self._offered.pop(call)
-            self.admitted_at[call] = now
             if self.on_admit is not None:
                 self.on_admit(now, call)
         self.admitted += len(calls)
@@ -226,7 +222,7 @@ class PlannerPolicy:
         self._cached = workload.cached.tolist()
         self.charges = ChargeTracker()
         self._pacer_gate.on_admit = lambda now, call: self.charges.admitted(
-            now, self._base[call], self._cached[call]
+            call, now, self._base[call], self._cached[call]
         )
         self.recounted: list[tuple[float, bool]] = []  # (when, cache reads count) on each flip
 
@@ -241,8 +237,7 @@ class PlannerPolicy:
         if classification is None:
             self._answered += 1
             self._accepted.append((now, call))
-            admitted_at = self._pacer_gate.admitted_at.pop(call, now)
-            self.charges.sent(admitted_at, self._base[call], self._cached[call])
+            self.charges.sent(call, now, self._base[call], self._cached[call])
             while self._accepted[0][0] < now - self.controller.cooldown_s:
                 self._accepted.popleft()
             return

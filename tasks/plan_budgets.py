@@ -57,6 +57,7 @@ from planner.budgets import (
     WindowObservation,
     header_budgets,
     initial_state,
+    recounted,
     step,
 )
 from planner.classify import LimitType
@@ -305,6 +306,14 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
                 cached_input_counts=state.cached_input_counts,
             )
             headers = pacer_state.fresh_header_limits(conn, name, prior.since)
+            counting, counts = advance(
+                conn,
+                name,
+                prior.counting,
+                token_class=state.token_class,
+                believed=state.cached_input_counts,
+                now=now,
+            )
             previous = pacer_state.previous_decision(conn, name)
             delivered = (
                 pacer_state.accepted_rates(
@@ -331,17 +340,14 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             delivered=delivered,
         )
         state, actions = step(state, obs, cfg)
-        believed = state.cached_input_counts
-        with eng.connect() as conn:
-            counting, state, flipped = advance(conn, name, prior.counting, state, now)
-        if flipped:
+        if counts != state.cached_input_counts:
             log.warning(
                 "alias %s: the provider's stated token bucket says cache reads %s against its "
-                "limit (the config says they %s): pacing, sizing and the token budget follow",
+                "limit, not as believed: pacing, sizing and the token budget follow",
                 name,
-                "count" if state.cached_input_counts else "do not count",
-                "do" if believed else "do not",
+                "count" if counts else "do not count",
             )
+            state = recounted(state, counts)
         curve = curve_for(harness).curve
         progress = _smoothed(prior.progress, window, curve, prior.window_s)
         warmup_s = sizing_config().boot_s + curve.mean_duration_s()

@@ -5,17 +5,17 @@ Per alias and tick, the provider's latest statement of its counted-token bucket
 anchor when it is newer than the last one. Two anchors at least ``SPAN_S`` apart, the later one
 ``LAG_S`` old (the calls requested before it have been answered and recorded), close a span:
 ``ledger.charges.sent_between`` sums what was sent in it. The last ``KEEP`` spans are the
-evidence; when they contradict the alias's belief, the state's ``cached_input_counts`` flips
-(``planner.budgets.recounted``): the tick's accounting, the sizing and the token budget follow,
-and the gateway's pacer follows through the alias's Prefect variable
-(``gateway.pacer_prefect.push_budgets``).
+evidence; when they contradict the alias's belief, ``advance`` says so and the tick flips the
+state's ``cached_input_counts`` (``planner.budgets.recounted``): the tick's accounting, the
+sizing and the token budget follow, and the gateway's pacer follows through the alias's Prefect
+variable (``gateway.pacer_prefect.push_budgets``).
 
 The evidence is kept with the stored state (``pacer_states.state["counting"]``) as JSON.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,12 +23,11 @@ from sqlalchemy import Connection
 
 from evalfleet.errors import ConfigError
 from ledger.charges import counted_bucket, sent_between
-from planner.budget_state import BudgetState
-from planner.budgets import recounted
-from planner.cache_counting import ChargeWindow, infer_cached_input_counts
+from planner.budget_state import TokenClass
+from planner.cache_counting import BucketReading, ChargeWindow, infer_cached_input_counts
 
 SPAN_S = 30.0  # a span covers at least this long
-LAG_S = 30.0  # and closes this long after its end
+LAG_S = 30.0  # and closes this long after its end (a call's tokens are recorded at its response)
 KEEP = 8  # spans kept as evidence
 _ANCHORS = 16  # anchors kept while a span is open
 
@@ -44,16 +43,11 @@ _WINDOW_FIELDS = (
 
 
 @dataclass(frozen=True)
-class Anchor:
-    at: float  # epoch seconds
-    limit_per_s: float
-    remaining: float
-
-
-@dataclass(frozen=True)
 class CountingEvidence:
-    anchors: tuple[Anchor, ...] = ()
-    windows: tuple[ChargeWindow, ...] = field(default=())
+    """Bucket readings not yet spanned, and the last spans closed."""
+
+    anchors: tuple[BucketReading, ...] = ()
+    windows: tuple[ChargeWindow, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,14 +60,14 @@ class CountingEvidence:
         """The stored evidence (absent in states saved before it existed: none)."""
         if raw is None:
             return cls()
-        problems: list[str] = []
-        anchors: list[Anchor] = []
-        windows: list[ChargeWindow] = []
         if not isinstance(raw, dict):
             raise ConfigError(source, ["counting: must be an object"])
+        problems: list[str] = []
+        anchors: list[BucketReading] = []
+        windows: list[ChargeWindow] = []
         for i, item in enumerate(raw.get("anchors") or []):
             if _numbers(item, 3):
-                anchors.append(Anchor(*(float(x) for x in item)))
+                anchors.append(BucketReading(*(float(x) for x in item)))
             else:
                 problems.append(f"counting.anchors[{i}]: must be 3 numbers")
         for i, item in enumerate(raw.get("windows") or []):
@@ -98,18 +92,18 @@ def advance(
     conn: Connection,
     alias: str,
     evidence: CountingEvidence,
-    state: BudgetState,
+    *,
+    token_class: TokenClass,
+    believed: bool,
     now: datetime,
-) -> tuple[CountingEvidence, BudgetState, bool]:
-    """One tick: take a new anchor, close what spans are due, test the belief. Returns the new
-    evidence and state, and whether the belief flipped."""
+) -> tuple[CountingEvidence, bool]:
+    """One tick: take a new reading, close what spans are due, test the belief. Returns the
+    new evidence and the belief it supports (on a change, the old evidence is spent)."""
     anchors = list(evidence.anchors)
     windows = list(evidence.windows)
-    reading = counted_bucket(conn, alias, state.token_class)
-    if reading is not None:
-        at = reading.observed_at.timestamp()
-        if not anchors or at > anchors[-1].at:
-            anchors.append(Anchor(at, reading.limit_per_minute / 60.0, reading.remaining))
+    reading = counted_bucket(conn, alias, token_class)
+    if reading is not None and (not anchors or reading.at > anchors[-1].at):
+        anchors.append(reading)
     horizon = now.timestamp() - LAG_S
     while len(anchors) >= 2:
         start = anchors[0]
@@ -119,25 +113,14 @@ def advance(
         anchors = anchors[anchors.index(end) :]
         if end.limit_per_s != start.limit_per_s:
             continue  # the stated limit changed inside the span: it says nothing
-        base, cached = sent_between(conn, alias, _utc(start.at), _utc(end.at), state.token_class)
-        windows.append(
-            ChargeWindow(
-                span_s=end.at - start.at,
-                limit_per_s=end.limit_per_s,
-                capacity=end.limit_per_s * 60.0,
-                remaining_start=start.remaining,
-                remaining_end=end.remaining,
-                base=base,
-                cached=cached,
-            )
-        )
+        base, cached = sent_between(conn, alias, _utc(start.at), _utc(end.at), token_class)
+        windows.append(ChargeWindow.between(start, end.at, end.remaining, base, cached))
     anchors = anchors[-_ANCHORS:]
     windows = windows[-KEEP:]
-    counts = infer_cached_input_counts(windows, state.cached_input_counts)
-    if counts == state.cached_input_counts:
-        return CountingEvidence(tuple(anchors), tuple(windows)), state, False
-    # evidence gathered under the old belief is spent
-    return CountingEvidence(tuple(anchors[-1:])), recounted(state, counts), True
+    counts = infer_cached_input_counts(windows, believed)
+    if counts == believed:
+        return CountingEvidence(tuple(anchors), tuple(windows)), counts
+    return CountingEvidence(tuple(anchors[-1:])), counts
 
 
 def _utc(epoch_s: float) -> datetime:

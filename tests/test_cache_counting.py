@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from evalfleet.errors import ConfigError
-from planner.cache_counting import ChargeWindow, CountingConfig, infer_cached_input_counts
+from planner.cache_counting import (
+    BucketReading,
+    ChargeWindow,
+    CountingConfig,
+    infer_cached_input_counts,
+)
 
 LIMIT = 100_000.0  # tokens/s: a 6M-token per-minute bucket
 CAP = 60 * LIMIT
@@ -82,9 +87,9 @@ def test_config_bounds_are_clear_errors() -> None:
 
 
 def test_stored_evidence_round_trips_and_bad_evidence_is_named() -> None:
-    from tasks.plan_counting import Anchor, CountingEvidence
+    from tasks.plan_counting import CountingEvidence
 
-    evidence = CountingEvidence((Anchor(10.0, LIMIT, CAP),), (span(CAP, CAP, 1e6, 3e6),))
+    evidence = CountingEvidence((BucketReading(10.0, LIMIT, CAP),), (span(CAP, CAP, 1e6, 3e6),))
     assert CountingEvidence.from_json(evidence.to_json(), source="t") == evidence
     assert CountingEvidence.from_json(None, source="t") == CountingEvidence()
     with pytest.raises(ConfigError, match=r"counting.anchors\[0\]"):
