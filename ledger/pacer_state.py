@@ -164,6 +164,9 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "observed": _classes(state.observed),
         "observed_at": state.observed_at,
         "at_ceiling_since": _classes(state.at_ceiling_since),
+        "unknown_samples": [
+            {"at": at, "rates": _classes(rates)} for at, rates in state.unknown_samples
+        ],
     }
 
 
@@ -204,6 +207,36 @@ def _budgets_from(data: Any, key: str, problems: list[str]) -> Budgets | None:
     return None
 
 
+def _samples(
+    data: Mapping[str, Any], problems: list[str]
+) -> tuple[tuple[float, dict[BudgetClass, float]], ...]:
+    """``unknown_samples``: absent in states saved before the steadiest-class blame (())."""
+    raw = data.get("unknown_samples") or []
+    out: list[tuple[float, dict[BudgetClass, float]]] = []
+    if not isinstance(raw, list):
+        problems.append("unknown_samples: must be a list")
+        return ()
+    for i, item in enumerate(raw):
+        at = item.get("at") if isinstance(item, dict) else None
+        where = f"unknown_samples[{i}].rates"
+        rates = (
+            _class_map({where: item.get("rates")}, where, problems)
+            if isinstance(item, dict)
+            else {}
+        )
+        good = isinstance(at, int | float) and not isinstance(at, bool)
+        good = good and all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in rates.values()
+        )
+        if not good or not isinstance(at, int | float) or set(item) != {"at", "rates"}:
+            problems.append(
+                f"unknown_samples[{i}]: must be {{at: number, rates: {{class: number}}}}"
+            )
+            continue
+        out.append((float(at), {k: float(v) for k, v in rates.items()}))
+    return tuple(out)
+
+
 def state_from_json(data: Any, *, source: str) -> BudgetState:
     """The ``BudgetState`` stored by ``state_to_json``; ``ConfigError`` naming what is wrong."""
     if not isinstance(data, dict):
@@ -241,6 +274,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
                 isinstance(x, int | float) and not isinstance(x, bool) for x in items
             ):
                 problems.append(f"{name}.{cls}: must be numbers")
+    samples = _samples(data, problems)
     observed_at = data.get("observed_at")
     if observed_at is not None and not isinstance(observed_at, int | float):
         problems.append("observed_at: must be a number or null")
@@ -267,6 +301,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         observed={k: float(v) for k, v in maps["observed"].items()},
         observed_at=None if observed_at is None else float(observed_at),
         at_ceiling_since={k: float(v) for k, v in maps["at_ceiling_since"].items()},
+        unknown_samples=samples,
     )
 
 

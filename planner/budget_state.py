@@ -108,6 +108,12 @@ class ControllerConfig:
     # the class that binds: budgets held near their use by this gate all look pressed.
     grow_min_utilisation: float = 0.0
     rebase_up_min_utilisation: float = 0.8  # a re-base up needs this share used [0, 1]
+    # an unknown 429's blame: the class whose accepted rate held steadiest over the last
+    # blame_samples unknown 429s [0, 50] (0: off), once there are blame_min_samples [2, 50],
+    # when its spread is at most blame_spread_ratio x the next class's [0, 1]
+    blame_samples: int = 6
+    blame_min_samples: int = 3
+    blame_spread_ratio: float = 0.7
     cut_to_seed: bool = True  # a 429 above the seed cuts to the seed at least
 
     def __post_init__(self) -> None:
@@ -128,6 +134,9 @@ class ControllerConfig:
         _bounded("min_fraction", self.min_fraction, 1e-6, 1.0, p)
         _bounded("grow_min_utilisation", self.grow_min_utilisation, 0.0, 1.0, p)
         _bounded("rebase_up_min_utilisation", self.rebase_up_min_utilisation, 0.0, 1.0, p)
+        _bounded("blame_samples", self.blame_samples, 0, 50, p)
+        _bounded("blame_min_samples", self.blame_min_samples, 2, 50, p)
+        _bounded("blame_spread_ratio", self.blame_spread_ratio, 0.0, 1.0, p)
         if p:
             raise ConfigError("controller config", p)
 
@@ -157,6 +166,9 @@ class BudgetState:
     observed_at: float | None = None
     # since when each class has stood clean and used at max_over_seed x its seed (rule 7)
     at_ceiling_since: Mapping[BudgetClass, float] = field(default_factory=dict)
+    # (when, rate per class) the provider accepted at the latest 429s of an unknown limit
+    # (rule 4: the limit hit is the class whose accepted rate holds steady across them)
+    unknown_samples: tuple[tuple[float, Mapping[BudgetClass, float]], ...] = ()
 
     def in_cooldown(self, now: float) -> bool:
         """Launches are frozen: after a 429 (cooldown) or an overload (backoff)."""

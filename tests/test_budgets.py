@@ -517,3 +517,66 @@ def test_a_budget_is_not_re_based_up_without_clean_evidence(case: str) -> None:
             s, _ = window(s, now, **kw)  # type: ignore[arg-type]
     assert s.seed.calls_per_s == pytest.approx(75.0 if case == "header-limit" else 50.0)
     assert s.budgets.calls_per_s <= 75.0 + 1e-9
+
+
+def _unknown_429s(
+    cfg: ControllerConfig, rates: list[dict[BudgetClass, float]], start: float = 15.0
+) -> tuple[BudgetState, list[str]]:
+    """A 429 of an unknown limit every 120 s, the provider having accepted ``rates``."""
+    s, notes = fresh(), []
+    for i, accepted in enumerate(rates):
+        obs = WindowObservation(
+            now=start + 120.0 * i, throttles=((LimitType.UNKNOWN, None),), delivered=accepted
+        )
+        s, actions = step(s, obs, cfg)
+        notes.extend(actions.notes)
+    return s, notes
+
+
+TOK, REQ, OUT = BudgetClass.TOKENS, BudgetClass.REQUESTS, BudgetClass.OUTPUT_TOKENS
+
+
+def test_an_unknown_429s_blame_goes_to_the_class_accepted_steadily_not_the_cut_one() -> None:
+    """A wrong blame feeds itself: the output budget, blamed and cut, becomes the class used
+    most relative to its budget, so a naive controller blames it at every 429 of the token
+    limit and cuts it far below the provider's output limit. Here the provider accepts ~16k
+    tokens/s at each 429 (its token limit; the token seed of 25k was high) while the output
+    it accepts falls with each cut of the output budget: tokens are blamed, and output's 429
+    memory is dropped."""
+    outputs = [4_900.0, 3_700.0, 2_900.0, 2_300.0]
+    rates = [
+        {TOK: tok, REQ: 10.0 * out / 4_900.0, OUT: out}
+        for tok, out in zip([16_000.0, 15_400.0, 16_300.0, 15_800.0], outputs, strict=True)
+    ]
+    s, notes = _unknown_429s(CFG, rates)
+    assert set(s.last_429_level) == {TOK}
+    assert any(n.startswith("output_tokens: unknown 429s hit the tokens limit") for n in notes)
+    naive, _ = _unknown_429s(replace(CFG, blame_samples=0), rates)
+    assert OUT in naive.last_429_level  # the highest share of its budget: blamed, remembered
+
+
+def test_an_unknown_429s_blame_is_not_fooled_by_the_mix_of_calls() -> None:
+    """The request limit binds (~1.6 calls/s accepted at each 429) while tokens per call grow
+    as the tasks age: the accepted token rate climbs, and with a low token budget tokens use
+    the highest share of theirs. The steady class, requests, is blamed."""
+    rates = [{REQ: r, TOK: t, OUT: 300.0 * r}
+             for r, t in [(1.6, 12_000.0), (1.55, 16_000.0), (1.65, 21_000.0), (1.6, 24_000.0)]]  # fmt: skip
+    low_tokens = replace(fresh(), budgets=replace(SEED, tokens_per_s=20_000.0, calls_per_s=2.0))
+    s = low_tokens
+    for i, accepted in enumerate(rates):
+        obs = WindowObservation(
+            now=15.0 + 120.0 * i, throttles=((LimitType.UNKNOWN, None),), delivered=accepted
+        )
+        s, _ = step(s, obs, CFG)
+    assert set(s.last_429_level) == {REQ}
+
+
+def test_too_few_or_equally_steady_samples_keep_the_share_rule() -> None:
+    """Before ``blame_min_samples`` unknown 429s, or when no class is clearly steadier, the
+    blame stays on the class used most relative to its budget."""
+    two, _ = _unknown_429s(CFG, [{TOK: 24_000.0, REQ: 20.0, OUT: 2_000.0}] * 2)
+    assert set(two.last_429_level) == {TOK}
+    same = [{TOK: 24_000.0 * f, REQ: 20.0 * f, OUT: 2_000.0 * f} for f in (1.0, 0.6, 0.8, 0.5)]
+    s, _ = _unknown_429s(CFG, same)  # every class moved together: the limit itself dropped
+    assert set(s.last_429_level) == {TOK}
+    assert len(s.unknown_samples) == 4

@@ -212,11 +212,13 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         observed={BudgetClass.REQUESTS: 8.0},
         observed_at=99.0,
         at_ceiling_since={BudgetClass.INFLIGHT: 97.0},
+        unknown_samples=((98.0, {BudgetClass.TOKENS: 21_000.0, BudgetClass.REQUESTS: 7.5}),),
     )
     assert pacer_state.state_from_json(pacer_state.state_to_json(busy), source="t") == busy
-    # a state saved before the re-base-up rule has no at_ceiling_since
+    # a state saved before the re-base-up rule (or the steadiest-class blame) lacks their fields
     old = pacer_state.state_to_json(state)
-    del old["at_ceiling_since"]
+    for key in ("at_ceiling_since", "unknown_samples"):
+        del old[key]
     assert pacer_state.state_from_json(old, source="t") == state
 
 
@@ -229,10 +231,15 @@ def test_a_malformed_stored_state_is_a_config_error_naming_the_field() -> None:
     )
     data["budgets"]["calls_per_s"] = -1.0
     data["token_class"] = "bytes"
+    data["unknown_samples"] = [
+        {"at": 1.0, "rates": {"tokens": 5.0}},
+        {"at": 2.0, "rates": {"x": 1}},
+    ]
     with pytest.raises(ConfigError) as err:
         pacer_state.state_from_json(data, source="pacer_states 'x'")
     text = str(err.value)
     assert "budgets.calls_per_s" in text and "token_class" in text and "pacer_states" in text
+    assert "unknown_samples[1].rates.x" in text and "unknown_samples[0]" not in text
 
 
 # ---------------------------------------------------------------------------------------------
