@@ -42,7 +42,12 @@ Rules, in the order ``step`` applies them:
    the 429 is remembered for ``memory_s``. A 429 of an unknown limit draws the blame only on
    the class the provider accepted most of relative to its budget (when what it accepted was
    measured): the other classes are cut too, but their levels stay allowed and the cut does
-   not count towards a re-base.
+   not count towards a re-base. Once ``blame_min_samples`` unknown 429s (one per episode)
+   have been measured, the blame is only among the classes whose accepted rate held steady
+   across them (the binding limit accepts its limit each time; the other classes move with
+   the mix of calls and with our cuts), and the 429 memory earlier unknown 429s left on the
+   other classes is dropped: without it a wrong blame feeds itself, as the class cut becomes
+   the most used relative to its budget.
 5. ``rebase_cuts`` cuts below the seed within ``rebase_period_s`` re-base that class's seed to
    the cut level (the provider's limit dropped): growth is then bounded by 1.5x the new seed and
    by ``(1 - probe_margin)`` x the last level that drew a 429, so it is not re-probed every few
