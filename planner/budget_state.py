@@ -99,7 +99,7 @@ class ControllerConfig:
     probe_margin: float = 0.05  # growth stays this far below a recent 429 level [0, 0.5]
     rebase_cuts: int = 2  # cuts below the seed ... [1, 20]
     rebase_period_s: float = 1800.0  # ... within this period re-base the seed [0, 86400]
-    rebase_up_s: float = 600.0  # clean and used at 1.5x the seed this long: re-base up [60, 86400]
+    rebase_up_s: float = 300.0  # clean and used at 1.5x the seed this long: re-base up [60, 86400]
     overload_backoff_s: float = 30.0  # back-off after 529/503 [0, 3600]
     stale_after_s: float = 6 * 3600.0  # seed age after which it is stale [60, 30 days]
     min_fraction: float = 0.01  # floor of any budget, as a share of its seed (0, 1]
