@@ -295,10 +295,12 @@ def test_a_dropped_limit_is_followed_down_and_not_reprobed() -> None:
         "s",
     )
     policy, row = simulate_planner(scenario)
-    late = [b["tokens"] for b in row["budgets"] if b["t"] > 900]
+    memory_s = policy.controller.memory_s
+    settled = [b["tokens"] for b in row["budgets"] if 900 < b["t"] <= 900 + memory_s]
     # followed down to about the new 2,000/s (from a 5,000 seed and a 7,500 probe); it may sit
-    # a little above: each rare 429 then holds the pacer for a few seconds of refill
-    assert late and max(late) <= 2_000 * 1.15
+    # a little above: each rare 429 then holds the pacer for a few seconds of refill. Growth
+    # may probe again only once the 429's level is forgotten (memory_s after it)
+    assert settled and max(settled) <= 2_000 * 1.15
     assert policy.state.seed.tokens_per_s < 5_000  # the seed was re-based
     # not re-probed every few windows: no 429 burst after it settled
     assert row["late_429"] <= 5
