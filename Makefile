@@ -13,8 +13,8 @@ $(UV):
 	$(PYTHON) -m venv .tools
 	.tools/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
-$(STAMP): $(UV) pyproject.toml uv.lock
-	$(UV) sync --frozen --python $(PYTHON)
+$(STAMP): $(UV) pyproject.toml uv.lock Makefile
+	$(UV) sync --frozen --compile-bytecode --python $(PYTHON)
 	touch $(STAMP)
 
 install: $(STAMP)

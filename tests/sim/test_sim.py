@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from evalfleet.errors import ConfigError
-from planner.budgets import BudgetClass
+from planner.budgets import BudgetClass, ControllerConfig
 from sim.bench import default_policies, run_policy, run_scenario, saturating_workers
 from sim.engine import Simulation
 from sim.limits import ProviderLimits
@@ -304,6 +305,40 @@ def test_a_dropped_limit_is_followed_down_and_not_reprobed() -> None:
     assert policy.state.seed.tokens_per_s < 5_000  # the seed was re-based
     # not re-probed every few windows: no 429 burst after it settled
     assert row["late_429"] <= 5
+
+
+def test_unknown_429s_of_a_token_limit_do_not_cut_the_output_budget_to_nothing() -> None:
+    """Lesson (no headers: every 429 is of an unknown limit): the token seed is 3x the input
+    limit, the output seed is right. Blaming the class used most relative to its budget cuts
+    output at each 429 of the token limit, the cut output budget is then the most used, and
+    it ends far below the provider's output limit: the run becomes output-bound. Blaming the
+    class whose accepted rate held steady across the 429s cuts the token budget instead."""
+    doc = yaml.safe_load((ROOT / "scenarios" / "parametric-seed-high-no-headers.yaml").read_text())
+    scenario = parse_scenario({**doc, "instances": 250}, "s")
+    output_limit_per_s = 400_000 / 60.0
+
+    def run(controller: ControllerConfig) -> tuple[PlannerPolicy, dict[str, Any]]:
+        workload = build_workload(scenario)
+        spec, changes = limit_spec(scenario)
+        provider = ProviderLimits(spec, changes)
+        policy = PlannerPolicy(
+            scenario,
+            workload,
+            lambda now: headers_now("none", provider, now),
+            controller=controller,
+        )
+        stats = Simulation(workload, policy, provider, "none").run()
+        return policy, summarise(stats, scenario, lower_bound(scenario, workload))
+
+    steady, steady_row = run(ControllerConfig())
+    naive, naive_row = run(ControllerConfig(blame_samples=0))
+    steady_output = steady.state.budgets.output_tokens_per_s
+    naive_output = naive.state.budgets.output_tokens_per_s
+    assert steady_output is not None and naive_output is not None
+    assert steady_output >= 0.8 * output_limit_per_s
+    assert steady.state.seed.tokens_per_s < 0.5 * scenario.alias_config.tokens_per_s
+    assert naive_output < 0.5 * output_limit_per_s  # the naive blame starves output
+    assert steady_row["makespan_s"] < 0.9 * naive_row["makespan_s"]
 
 
 def test_a_429_that_states_a_lower_limit_caps_the_budget_at_once() -> None:
