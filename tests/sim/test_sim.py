@@ -8,6 +8,7 @@ import contextlib
 import io
 import itertools
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -311,13 +312,14 @@ def test_unknown_429s_of_a_token_limit_do_not_cut_the_output_budget_to_nothing()
     """Lesson (no headers: every 429 is of an unknown limit): the token seed is 3x the input
     limit, the output seed is right. Blaming the class used most relative to its budget cuts
     output at each 429 of the token limit, the cut output budget is then the most used, and
-    it ends far below the provider's output limit: the run becomes output-bound. Blaming the
+    it stays far below the provider's output limit: the run becomes output-bound. Blaming the
     class whose accepted rate held steady across the 429s cuts the token budget instead."""
     doc = yaml.safe_load((ROOT / "scenarios" / "parametric-seed-high-no-headers.yaml").read_text())
-    scenario = parse_scenario({**doc, "instances": 250}, "s")
+    scenario = parse_scenario(doc, "s")
     output_limit_per_s = 400_000 / 60.0
 
-    def run(controller: ControllerConfig) -> tuple[PlannerPolicy, dict[str, Any]]:
+    def run(controller: ControllerConfig) -> tuple[float, dict[str, Any]]:
+        """The median output budget after 30 min, and the result row."""
         workload = build_workload(scenario)
         spec, changes = limit_spec(scenario)
         provider = ProviderLimits(spec, changes)
@@ -327,18 +329,25 @@ def test_unknown_429s_of_a_token_limit_do_not_cut_the_output_budget_to_nothing()
             lambda now: headers_now("none", provider, now),
             controller=controller,
         )
-        stats = Simulation(workload, policy, provider, "none").run()
-        return policy, summarise(stats, scenario, lower_bound(scenario, workload))
+        seen: list[float] = []
+        tick = policy.tick
 
-    steady, steady_row = run(ControllerConfig())
-    naive, naive_row = run(ControllerConfig(blame_samples=0))
-    steady_output = steady.state.budgets.output_tokens_per_s
-    naive_output = naive.state.budgets.output_tokens_per_s
-    assert steady_output is not None and naive_output is not None
-    assert steady_output >= 0.8 * output_limit_per_s
-    assert steady.state.seed.tokens_per_s < 0.5 * scenario.alias_config.tokens_per_s
-    assert naive_output < 0.5 * output_limit_per_s  # the naive blame starves output
-    assert steady_row["makespan_s"] < 0.9 * naive_row["makespan_s"]
+        def recording_tick(fleet: Any) -> int:
+            ceiling = tick(fleet)
+            if fleet.now > 1800.0:
+                seen.append(policy.state.budgets.output_tokens_per_s or 0.0)
+            return ceiling
+
+        policy.tick = recording_tick  # type: ignore[method-assign]
+        stats = Simulation(workload, policy, provider, "none").run()
+        return statistics.median(seen), summarise(stats, scenario, lower_bound(scenario, workload))
+
+    steady_output, steady_row = run(ControllerConfig())
+    naive_output, naive_row = run(ControllerConfig(blame_samples=0))
+    assert steady_output >= 0.5 * output_limit_per_s, steady_output
+    assert naive_output < 0.3 * output_limit_per_s, naive_output  # the naive blame starves it
+    assert steady_row["makespan_s"] < 0.95 * naive_row["makespan_s"]
+    assert steady_row["ratio"] <= 1.2
 
 
 def test_a_429_that_states_a_lower_limit_caps_the_budget_at_once() -> None:
