@@ -71,9 +71,10 @@ Pure: the clock is ``obs.now``; no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 
+from planner.blame import blamed_classes, classes_hit, forget_others, pressed_classes, steadiest
 from planner.budget_state import (
     NEG_INF,
     BudgetClass,
@@ -277,20 +278,6 @@ def _apply_headers(
     )
 
 
-def _classes_hit(lt: LimitType, state: BudgetState) -> tuple[BudgetClass, ...]:
-    has_output = state.budgets.output_tokens_per_s is not None
-    if lt is LimitType.REQUESTS:
-        return (BudgetClass.REQUESTS,)
-    if lt in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
-        return (BudgetClass.TOKENS,)
-    if lt is LimitType.OUTPUT_TOKENS:
-        if has_output:
-            return (BudgetClass.OUTPUT_TOKENS,)
-        if state.token_class == "combined":
-            return (BudgetClass.TOKENS,)
-    return state.budgets.classes()  # unknown (or output with nothing to cut): all
-
-
 def step(
     state: BudgetState, obs: WindowObservation, config: ControllerConfig
 ) -> tuple[BudgetState, ControllerActions]:
@@ -373,14 +360,14 @@ def step(
         )
         cooldown_until = state.cooldown_until
         for lt, _ in rate_throttles:
-            hit.update(_classes_hit(lt, state))
+            hit.update(classes_hit(lt, state))
         steady: frozenset[BudgetClass] = frozenset()
         if obs.delivered and any(lt is LimitType.UNKNOWN for lt, _ in rate_throttles):
-            state, steady = _steadiest(state, obs.delivered, now, config)
+            state, steady = steadiest(state, obs.delivered, now, config)
             if steady:
-                state = _forget_others(state, steady, notes)
-        pressed = _pressed_classes(state, rate_throttles, obs.delivered, steady)
-        blamed = _blamed_classes(state, rate_throttles, pressed)
+                state = forget_others(state, steady, notes)
+        pressed = pressed_classes(state, rate_throttles, obs.delivered, steady)
+        blamed = blamed_classes(state, rate_throttles, pressed)
         for cls in (c for c in state.budgets.classes() if c in hit):
             last = state.last_cut_at.get(cls, NEG_INF)
             if now - last < config.cooldown_s:
@@ -450,121 +437,6 @@ def step(
     )
 
 
-def _pressed_classes(
-    state: BudgetState,
-    throttles: Sequence[tuple[LimitType, float | None]],
-    delivered: Mapping[BudgetClass, float] | None,
-    steady: frozenset[BudgetClass] = frozenset(),
-) -> set[BudgetClass]:
-    """The classes whose provider limit the 429s name, where what the provider accepted
-    measures that limit. An unknown 429 names none: then the class the provider accepted most
-    of, relative to its budget, is taken as the one it limits (the other classes' acceptance
-    is what their demand was, not a limit), among the classes the accepted rates across the
-    latest unknown 429s single out (``steady``, see ``_steadiest``) when they do."""
-    if not delivered:
-        return set()
-    named: set[BudgetClass] = set()
-    unknown = False
-    for lt, _ in throttles:
-        if lt is LimitType.UNKNOWN:
-            unknown = True
-        else:
-            named.update(_classes_hit(lt, state))
-    if unknown:
-        shares = {
-            cls: rate / level
-            for cls, rate in delivered.items()
-            if (level := state.budgets.get(cls)) is not None
-            and level > 0
-            and (not steady or cls in steady)
-        }
-        if shares:
-            named.add(max(shares, key=lambda cls: shares[cls]))
-    return named
-
-
-def _steadiest(
-    state: BudgetState,
-    delivered: Mapping[BudgetClass, float],
-    now: float,
-    config: ControllerConfig,
-) -> tuple[BudgetState, frozenset[BudgetClass]]:
-    """The classes a 429 of an unknown limit may have hit, when the evidence narrows them
-    (else empty); the samples kept.
-
-    A provider rejects when one bucket is empty, and then accepts that class at its limit:
-    across its 429s the binding class's accepted rate holds steady while the others move with
-    the mix of calls (contexts grow with task age) and with our own cuts. The share of each
-    budget used cannot tell: a class blamed and cut becomes the most used relative to its
-    budget, so a wrong blame feeds itself (a token limit's 429s cut the output budget to a
-    sixth of the provider's output limit). Steady: a spread of log rates over the last
-    ``blame_samples`` unknown 429s within ``memory_s`` at most 1 / ``blame_spread_ratio`` x
-    the smallest (classes tied with the steadiest stay in, e.g. output that moves with calls);
-    empty before ``blame_min_samples``, or when every class is as steady."""
-    if config.blame_samples == 0:
-        return state, frozenset()
-    rates = {c: v for c, v in delivered.items() if c in state.budgets.classes() and v > 0}
-    samples = [(t, r) for t, r in state.unknown_samples if now - t <= config.memory_s]
-    if not samples or now - samples[-1][0] >= 2.0 * config.cooldown_s:
-        # one sample per episode: the 429s that follow within it measure the storm (the
-        # provider's bucket in debt, every class held back by our cuts), not the limit
-        samples = [*samples, (now, rates)][-config.blame_samples :]
-    state = replace(state, unknown_samples=tuple(samples))
-    if len(samples) < config.blame_min_samples:
-        return state, frozenset()
-    spreads: dict[BudgetClass, float] = {}
-    for cls in samples[-1][1]:
-        logs = [math.log(r[cls]) for _, r in samples if r.get(cls, 0.0) > 0]
-        if len(logs) == len(samples):
-            mean = sum(logs) / len(logs)
-            spreads[cls] = math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
-    low = min(spreads.values(), default=0.0)
-    steady = frozenset(c for c, v in spreads.items() if v * config.blame_spread_ratio <= low)
-    if len(spreads) < 2 or steady == frozenset(spreads):
-        return state, frozenset()
-    return state, steady
-
-
-def _forget_others(
-    state: BudgetState, steady: frozenset[BudgetClass], notes: list[str]
-) -> BudgetState:
-    """Unknown 429s hit one of the ``steady`` classes' limits: the 429 levels and re-base
-    counts earlier unknown 429s left on other classes were misattributed, and are dropped."""
-    wrong = sorted(c for c in {*state.last_429_level, *state.cuts_below_seed} if c not in steady)
-    names = "/".join(sorted(steady))
-    for cls in wrong:
-        notes.append(
-            f"{cls}: unknown 429s hit the {names} limit (its accepted rate held steady where "
-            "this one's moved): this class's 429 memory is dropped"
-        )
-    if not wrong:
-        return state
-    return replace(
-        state,
-        last_429_level={k: v for k, v in state.last_429_level.items() if k in steady},
-        last_429_at={k: v for k, v in state.last_429_at.items() if k in steady},
-        cuts_below_seed={k: v for k, v in state.cuts_below_seed.items() if k in steady},
-    )
-
-
-def _blamed_classes(
-    state: BudgetState,
-    throttles: Sequence[tuple[LimitType, float | None]],
-    pressed: set[BudgetClass],
-) -> set[BudgetClass]:
-    """The classes whose level drew the 429s: those a 429 names, and for a 429 of an unknown
-    limit the class the provider accepted most of (``pressed``), or every class when nothing
-    measured which. An unknown 429 still cuts every class (any of them may be the one), but
-    only a blamed class's level is remembered as one that drew a 429 and counts towards a
-    re-base: else a token limit's 429s would cap the request budget below its own limit."""
-    if not pressed and any(lt is LimitType.UNKNOWN for lt, _ in throttles):
-        return set(state.budgets.classes())
-    named = {
-        c for lt, _ in throttles if lt is not LimitType.UNKNOWN for c in _classes_hit(lt, state)
-    }
-    return named | pressed
-
-
 def _cut(
     state: BudgetState,
     cls: BudgetClass,
@@ -574,7 +446,7 @@ def _cut(
     *,
     blamed: bool = True,
 ) -> tuple[BudgetState, bool]:
-    """Cut ``cls`` after a 429 (rule 4). A class the 429 did not blame (``_blamed_classes``) is
+    """Cut ``cls`` after a 429 (rule 4). A class the 429 did not blame (``planner.blame.blamed_classes``) is
     cut the same way, but its level is not remembered as one that drew a 429 and the cut does
     not count towards a re-base."""
     level = state.budgets.get(cls)
