@@ -95,7 +95,7 @@ class ControllerConfig:
     cut: float = 0.75  # budget multiplier on a 429 [0.1, 0.95]
     cooldown_s: float = 30.0  # launch freeze after a 429; one cut per class per cooldown [0, 600]
     max_freeze_s: float = 300.0  # bound on a freeze stretched by retry-after [0, 3600]
-    memory_s: float = 1200.0  # how long a level that drew a 429 caps growth [0, 86400]
+    memory_s: float = 3600.0  # how long a level that drew a 429 caps growth [0, 86400]
     probe_margin: float = 0.05  # growth stays this far below a recent 429 level [0, 0.5]
     rebase_cuts: int = 2  # cuts below the seed ... [1, 20]
     rebase_period_s: float = 1800.0  # ... within this period re-base the seed [0, 86400]
