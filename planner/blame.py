@@ -124,12 +124,7 @@ def forget_others(
         )
     if not wrong:
         return state
-    return replace(
-        state,
-        last_429_level={k: v for k, v in state.last_429_level.items() if k in steady},
-        last_429_at={k: v for k, v in state.last_429_at.items() if k in steady},
-        cuts_below_seed={k: v for k, v in state.cuts_below_seed.items() if k in steady},
-    )
+    return state.keeping_429_memory(lambda k: k in steady)
 
 
 def blamed_classes(

@@ -9,7 +9,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Literal
@@ -176,6 +176,16 @@ class BudgetState:
 
     def is_stale(self, now: float) -> bool:
         return now - self.seeded_at > self.stale_after_s
+
+    def keeping_429_memory(self, keep: Callable[[BudgetClass], bool]) -> BudgetState:
+        """The state with the 429 levels and re-base counts of classes not kept dropped
+        (they were measured in other units, or misattributed)."""
+        return replace(
+            self,
+            last_429_level={k: v for k, v in self.last_429_level.items() if keep(k)},
+            last_429_at={k: v for k, v in self.last_429_at.items() if keep(k)},
+            cuts_below_seed={k: v for k, v in self.cuts_below_seed.items() if keep(k)},
+        )
 
 
 @dataclass(frozen=True)

@@ -220,14 +220,8 @@ def recounted(state: BudgetState, cached_input_counts: bool) -> BudgetState:
     if cap is not None:
         seed, budgets = seed.with_value(cls, cap), budgets.with_value(cls, cap)
     return replace(
-        state,
-        cached_input_counts=cached_input_counts,
-        seed=seed,
-        budgets=budgets,
-        last_429_level={k: v for k, v in state.last_429_level.items() if k is not cls},
-        last_429_at={k: v for k, v in state.last_429_at.items() if k is not cls},
-        cuts_below_seed={k: v for k, v in state.cuts_below_seed.items() if k is not cls},
-    )
+        state, cached_input_counts=cached_input_counts, seed=seed, budgets=budgets
+    ).keeping_429_memory(lambda k: k is not cls)
 
 
 def _apply_headers(
