@@ -164,6 +164,7 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "observed": _classes(state.observed),
         "observed_at": state.observed_at,
         "at_ceiling_since": _classes(state.at_ceiling_since),
+        "share_rebased_at": _classes(state.share_rebased_at),
         "unknown_samples": [
             {"at": at, "rates": _classes(rates)} for at, rates in state.unknown_samples
         ],
@@ -264,6 +265,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
             "last_cut_at",
             "observed",
             "at_ceiling_since",  # absent in states saved before rule 7: {}
+            "share_rebased_at",  # absent in states saved before the share-loop check: {}
         )
     }
     cuts = _class_map(data, "cuts_below_seed", problems)
@@ -302,6 +304,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         observed_at=None if observed_at is None else float(observed_at),
         at_ceiling_since={k: float(v) for k, v in maps["at_ceiling_since"].items()},
         unknown_samples=samples,
+        share_rebased_at={k: float(v) for k, v in maps["share_rebased_at"].items()},
     )
 
 

@@ -18,7 +18,14 @@ from dataclasses import replace
 from planner.budget_state import BudgetClass, BudgetState, ControllerConfig
 from planner.classify import LimitType
 
-__all__ = ["blamed_classes", "classes_hit", "forget_others", "pressed_classes", "steadiest"]
+__all__ = [
+    "blamed_classes",
+    "classes_hit",
+    "forget_others",
+    "pressed_classes",
+    "steadiest",
+    "steady_overrides_share",
+]
 
 
 def classes_hit(lt: LimitType, state: BudgetState) -> tuple[BudgetClass, ...]:
@@ -108,6 +115,39 @@ def steadiest(
     if len(spreads) < 2 or steady == frozenset(spreads):
         return state, frozenset()
     return state, steady
+
+
+def steady_overrides_share(
+    state: BudgetState,
+    throttles: Sequence[tuple[LimitType, float | None]],
+    delivered: Mapping[BudgetClass, float],
+    steady: frozenset[BudgetClass],
+    now: float,
+    config: ControllerConfig,
+) -> frozenset[BudgetClass]:
+    """``steady`` when it may narrow the blame of an unknown 429 (and drop the other classes'
+    429 memory), else empty: when the class used most relative to its budget (the share
+    rule's blame) is one of them, or when the share rule is in the loop it falls into.
+
+    The loop: a class the share rule blamed and cut below its seed is then used most relative
+    to its (cut) budget, and is blamed again; two such cuts re-base its seed down before any
+    steadiness can be measured, and the loop goes on from the lower seed. So: the class the
+    share rule blames is below its seed, or its seed was re-based down within ``memory_s`` on
+    the share rule alone (``BudgetState.share_rebased_at``). Outside the loop the class the
+    share rule blames was pressed at a level at or above a seed it has earned, and the others'
+    steadiness is as likely their steady demand (the calls of a fleet a token limit holds
+    still) as a limit: there the share rule stands, and the other classes' 429 memory is kept
+    (dropping it re-probes a limit already found)."""
+    if not steady:
+        return steady
+    share_blamed = pressed_classes(state, throttles, delivered) - steady
+    looping = any(
+        (level := state.budgets.get(cls)) is not None
+        and (seed := state.seed.get(cls)) is not None
+        and (level < seed or now - state.share_rebased_at.get(cls, -math.inf) <= config.memory_s)
+        for cls in share_blamed
+    )
+    return steady if looping or not share_blamed else frozenset()
 
 
 def forget_others(

@@ -169,6 +169,9 @@ class BudgetState:
     # (when, rate per class) the provider accepted at the latest 429s of an unknown limit
     # (rule 4: the limit hit is the class whose accepted rate holds steady across them)
     unknown_samples: tuple[tuple[float, Mapping[BudgetClass, float]], ...] = ()
+    # when each class's seed was last re-based down (rule 5) on unknown 429s blamed by the
+    # share of its budget used alone (no steadiness measured yet: ``planner.blame``)
+    share_rebased_at: Mapping[BudgetClass, float] = field(default_factory=dict)
 
     def in_cooldown(self, now: float) -> bool:
         """Launches are frozen: after a 429 (cooldown) or an overload (backoff)."""

@@ -74,7 +74,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from planner.blame import blamed_classes, classes_hit, forget_others, pressed_classes, steadiest
+from planner.blame import (
+    blamed_classes,
+    classes_hit,
+    forget_others,
+    pressed_classes,
+    steadiest,
+    steady_overrides_share,
+)
 from planner.budget_state import (
     NEG_INF,
     BudgetClass,
@@ -356,19 +363,34 @@ def step(
         for lt, _ in rate_throttles:
             hit.update(classes_hit(lt, state))
         steady: frozenset[BudgetClass] = frozenset()
+        measured = False  # the accepted rates across unknown 429s single out classes
         if obs.delivered and any(lt is LimitType.UNKNOWN for lt, _ in rate_throttles):
             state, steady = steadiest(state, obs.delivered, now, config)
+            measured = bool(steady)
+            steady = steady_overrides_share(
+                state, rate_throttles, obs.delivered, steady, now, config
+            )
             if steady:
                 state = forget_others(state, steady, notes)
         pressed = pressed_classes(state, rate_throttles, obs.delivered, steady)
         blamed = blamed_classes(state, rate_throttles, pressed)
+        # blamed on the share rule alone: no 429 named the class and no steadiness checked it
+        unchecked = (
+            set()
+            if measured
+            else blamed
+            - {c for lt, _ in rate_throttles if lt is not LimitType.UNKNOWN
+               for c in classes_hit(lt, state)}
+        )  # fmt: skip
         for cls in (c for c in state.budgets.classes() if c in hit):
             last = state.last_cut_at.get(cls, NEG_INF)
             if now - last < config.cooldown_s:
                 continue  # 429s of calls sent before the last cut
             level = state.budgets.get(cls)
             delivered = obs.delivered.get(cls) if obs.delivered and cls in pressed else None
-            state, did_rebase = _cut(state, cls, now, config, delivered, blamed=cls in blamed)
+            state, did_rebase = _cut(
+                state, cls, now, config, delivered, blamed=cls in blamed, unchecked=cls in unchecked
+            )
             cut.append(cls)
             if cls in blamed:
                 notes.append(f"{cls}: 429 at {level:.6g} -> cut to {state.budgets.get(cls):.6g}")
@@ -439,10 +461,12 @@ def _cut(
     delivered: float | None = None,
     *,
     blamed: bool = True,
+    unchecked: bool = False,
 ) -> tuple[BudgetState, bool]:
-    """Cut ``cls`` after a 429 (rule 4). A class the 429 did not blame (``planner.blame.blamed_classes``) is
-    cut the same way, but its level is not remembered as one that drew a 429 and the cut does
-    not count towards a re-base."""
+    """Cut ``cls`` after a 429 (rule 4). A class the 429 did not blame
+    (``planner.blame.blamed_classes``) is cut the same way, but its level is not remembered as
+    one that drew a 429 and the cut does not count towards a re-base. A re-base down of an
+    ``unchecked`` blame (``step``) is remembered in ``share_rebased_at``."""
     level = state.budgets.get(cls)
     seed_value = state.seed.get(cls)
     assert level is not None and seed_value is not None
@@ -491,6 +515,9 @@ def _cut(
             last_429_at={**state.last_429_at, cls: now},
             last_cut_at={**state.last_cut_at, cls: now},
             cuts_below_seed={**state.cuts_below_seed, cls: cuts},
+            share_rebased_at={**state.share_rebased_at, cls: now}
+            if rebased and unchecked
+            else state.share_rebased_at,
         ),
         rebased,
     )

@@ -575,6 +575,34 @@ def test_an_unknown_429s_blame_is_not_fooled_by_the_mix_of_calls() -> None:
     assert set(s.last_429_level) == {REQ}
 
 
+def test_steady_rates_do_not_overrule_a_share_blame_pressed_above_its_seed() -> None:
+    """The request limit binds: at each unknown 429 the provider accepted (about) all the calls
+    the request budget allowed, and growth re-probes a little under the last 429's level, above
+    the seed. The token rate it accepted happens to hold steadier (a fleet the request limit
+    holds still sends a steady token rate). Outside the share rule's loop (the blamed class
+    below its seed, or re-based down on the share rule alone) steadiness does not overrule
+    it: requests stay blamed and keep their 429 memory (dropping it re-probes the request
+    limit already found, and draws 429s a fixed fleet as fast does not)."""
+    tokens = [16_000.0, 16_500.0, 16_200.0, 15_900.0]
+    outputs = [6_000.0, 5_800.0, 5_200.0, 5_000.0]
+    notes: list[str] = []
+    s, now = fresh(), 0.0
+    for tok, out in zip(tokens, outputs, strict=True):
+        for _ in range(40):  # clean windows: every budget grows back to its cap
+            now += 15.0
+            s, _ = step(s, WindowObservation(now=now), CFG)
+        now += 15.0
+        calls = s.budgets.calls_per_s
+        assert calls >= SEED.calls_per_s
+        accepted = {REQ: 0.98 * calls, TOK: tok, OUT: out}
+        obs = WindowObservation(now=now, throttles=((LimitType.UNKNOWN, None),), delivered=accepted)
+        s, actions = step(s, obs, CFG)
+        notes.extend(actions.notes)
+    assert len(s.unknown_samples) == 4
+    assert set(s.last_429_level) == {REQ}
+    assert not any("429 memory is dropped" in n for n in notes)
+
+
 def test_too_few_or_equally_steady_samples_keep_the_share_rule() -> None:
     """Before ``blame_min_samples`` unknown 429s, or when no class is clearly steadier, the
     blame stays on the class used most relative to its budget."""

@@ -213,11 +213,12 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         observed_at=99.0,
         at_ceiling_since={BudgetClass.INFLIGHT: 97.0},
         unknown_samples=((98.0, {BudgetClass.TOKENS: 21_000.0, BudgetClass.REQUESTS: 7.5}),),
+        share_rebased_at={BudgetClass.TOKENS: 95.0},
     )
     assert pacer_state.state_from_json(pacer_state.state_to_json(busy), source="t") == busy
     # a state saved before the re-base-up rule (or the steadiest-class blame) lacks their fields
     old = pacer_state.state_to_json(state)
-    for key in ("at_ceiling_since", "unknown_samples"):
+    for key in ("at_ceiling_since", "unknown_samples", "share_rebased_at"):
         del old[key]
     assert pacer_state.state_from_json(old, source="t") == state
 
