@@ -159,6 +159,7 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "hard_caps": _classes(state.hard_caps),
         "last_429_level": _classes(state.last_429_level),
         "last_429_at": _classes(state.last_429_at),
+        "level_memory_s": _classes(state.level_memory_s),
         "last_cut_at": _classes(state.last_cut_at),
         "cuts_below_seed": {str(k): list(v) for k, v in state.cuts_below_seed.items()},
         "observed": _classes(state.observed),
@@ -266,6 +267,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
             "observed",
             "at_ceiling_since",  # absent in states saved before rule 7: {}
             "share_rebased_at",  # absent in states saved before the share-loop check: {}
+            "level_memory_s",  # absent in states saved before the doubling memory: {}
         )
     }
     cuts = _class_map(data, "cuts_below_seed", problems)
@@ -305,6 +307,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         at_ceiling_since={k: float(v) for k, v in maps["at_ceiling_since"].items()},
         unknown_samples=samples,
         share_rebased_at={k: float(v) for k, v in maps["share_rebased_at"].items()},
+        level_memory_s={k: float(v) for k, v in maps["level_memory_s"].items()},
     )
 
 

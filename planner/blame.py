@@ -90,13 +90,13 @@ def steadiest(
     budget used cannot tell: a class blamed and cut becomes the most used relative to its
     budget, so a wrong blame feeds itself (a token limit's 429s cut the output budget to a
     sixth of the provider's output limit). Steady: a spread of log rates over the last
-    ``blame_samples`` unknown 429s within ``memory_s`` at most 1 / ``blame_spread_ratio`` x
+    ``blame_samples`` unknown 429s within ``memory_max_s`` at most 1 / ``blame_spread_ratio`` x
     the smallest (classes tied with the steadiest stay in, e.g. output that moves with calls);
     empty before ``blame_min_samples``, or when every class is as steady."""
     if config.blame_samples == 0:
         return state, frozenset()
     rates = {c: v for c, v in delivered.items() if c in state.budgets.classes() and v > 0}
-    samples = [(t, r) for t, r in state.unknown_samples if now - t <= config.memory_s]
+    samples = [(t, r) for t, r in state.unknown_samples if now - t <= config.memory_max_s]
     if not samples or now - samples[-1][0] >= 2.0 * config.cooldown_s:
         # one sample per episode: the 429s that follow within it measure the storm (the
         # provider's bucket in debt, every class held back by our cuts), not the limit
@@ -132,7 +132,7 @@ def steady_overrides_share(
     The loop: a class the share rule blamed and cut below its seed is then used most relative
     to its (cut) budget, and is blamed again; two such cuts re-base its seed down before any
     steadiness can be measured, and the loop goes on from the lower seed. So: the class the
-    share rule blames is below its seed, or its seed was re-based down within ``memory_s`` on
+    share rule blames is below its seed, or its seed was re-based down within ``memory_max_s`` on
     the share rule alone (``BudgetState.share_rebased_at``). Outside the loop the class the
     share rule blames was pressed at a level at or above a seed it has earned, and the others'
     steadiness is as likely their steady demand (the calls of a fleet a token limit holds
@@ -144,7 +144,9 @@ def steady_overrides_share(
     looping = any(
         (level := state.budgets.get(cls)) is not None
         and (seed := state.seed.get(cls)) is not None
-        and (level < seed or now - state.share_rebased_at.get(cls, -math.inf) <= config.memory_s)
+        and (
+            level < seed or now - state.share_rebased_at.get(cls, -math.inf) <= config.memory_max_s
+        )
         for cls in share_blamed
     )
     return steady if looping or not share_blamed else frozenset()

@@ -95,7 +95,14 @@ class ControllerConfig:
     cut: float = 0.75  # budget multiplier on a 429 [0.1, 0.95]
     cooldown_s: float = 30.0  # launch freeze after a 429; one cut per class per cooldown [0, 600]
     max_freeze_s: float = 300.0  # bound on a freeze stretched by retry-after [0, 3600]
-    memory_s: float = 3600.0  # how long a level that drew a 429 caps growth [0, 86400]
+    # how long a level that drew a 429 caps growth [0, 86400]. A re-probe after that which
+    # draws a 429 at about the same level (at most reprobe_same x it) [1, 4] confirms it: the
+    # old level is kept and the class's memory doubles, up to memory_max_s [memory_s, 86400].
+    # A steady limit is re-probed ever more rarely, a raised one (no header says so) is found
+    # within memory_s
+    memory_s: float = 1200.0
+    memory_max_s: float = 4800.0
+    reprobe_same: float = 1.2
     probe_margin: float = 0.05  # growth stays this far below a recent 429 level [0, 0.5]
     rebase_cuts: int = 2  # cuts below the seed ... [1, 20]
     rebase_period_s: float = 1800.0  # ... within this period re-base the seed [0, 86400]
@@ -125,6 +132,8 @@ class ControllerConfig:
         _bounded("cooldown_s", self.cooldown_s, 0.0, 600.0, p)
         _bounded("max_freeze_s", self.max_freeze_s, 0.0, 3600.0, p)
         _bounded("memory_s", self.memory_s, 0.0, 86400.0, p)
+        _bounded("memory_max_s", self.memory_max_s, self.memory_s, 86400.0, p)
+        _bounded("reprobe_same", self.reprobe_same, 1.0, 4.0, p)
         _bounded("probe_margin", self.probe_margin, 0.0, 0.5, p)
         _bounded("rebase_cuts", self.rebase_cuts, 1, 20, p)
         _bounded("rebase_period_s", self.rebase_period_s, 0.0, 86400.0, p)
@@ -160,6 +169,8 @@ class BudgetState:
     hard_caps: Mapping[BudgetClass, float] = field(default_factory=dict)  # per second
     last_429_level: Mapping[BudgetClass, float] = field(default_factory=dict)
     last_429_at: Mapping[BudgetClass, float] = field(default_factory=dict)
+    # how long each class's last 429 level caps growth, where it is not config.memory_s
+    level_memory_s: Mapping[BudgetClass, float] = field(default_factory=dict)
     last_cut_at: Mapping[BudgetClass, float] = field(default_factory=dict)
     cuts_below_seed: Mapping[BudgetClass, tuple[float, ...]] = field(default_factory=dict)
     observed: Mapping[BudgetClass, float] = field(default_factory=dict)  # header limits /s
@@ -180,6 +191,19 @@ class BudgetState:
     def is_stale(self, now: float) -> bool:
         return now - self.seeded_at > self.stale_after_s
 
+    def remembers_429_level(self, cls: BudgetClass, now: float, base_s: float) -> bool:
+        """The class's last 429 level still caps its growth at ``now`` (``base_s``: the
+        controller's ``memory_s``, for a class with no memory of its own)."""
+        at = self.last_429_at.get(cls)
+        return at is not None and now - at <= self.level_memory_s.get(cls, base_s)
+
+    def level_cap(self, cls: BudgetClass, now: float, config: ControllerConfig) -> float | None:
+        """How high growth may take the class for its last 429 level (None: no level
+        remembered): ``probe_margin`` below it."""
+        if not self.remembers_429_level(cls, now, config.memory_s):
+            return None
+        return self.last_429_level[cls] * (1.0 - config.probe_margin)
+
     def keeping_429_memory(self, keep: Callable[[BudgetClass], bool]) -> BudgetState:
         """The state with the 429 levels and re-base counts of classes not kept dropped
         (they were measured in other units, or misattributed)."""
@@ -187,6 +211,7 @@ class BudgetState:
             self,
             last_429_level={k: v for k, v in self.last_429_level.items() if keep(k)},
             last_429_at={k: v for k, v in self.last_429_at.items() if keep(k)},
+            level_memory_s={k: v for k, v in self.level_memory_s.items() if keep(k)},
             cuts_below_seed={k: v for k, v in self.cuts_below_seed.items() if keep(k)},
         )
 

@@ -39,7 +39,11 @@ Rules, in the order ``step`` applies them:
    the last cut (a per-minute provider bucket still in debt): the budget only eases by
    ``probe_margin`` and the level is not remembered as one that drew a 429 (else a
    conservative cut would cap the budget below the limit for ``memory_s``). The level that drew
-   the 429 is remembered for ``memory_s``. A 429 of an unknown limit draws the blame only on
+   the 429 is remembered for ``memory_s`` (20 minutes). A re-probe after that which draws a 429
+   at about the same level (at most ``reprobe_same`` x it) confirms the limit: the old level
+   stays remembered and the class's memory doubles, up to ``memory_max_s`` (80 minutes), so a
+   steady limit is re-probed ever more rarely while one raised mid-run (no header says so) is
+   found within 20 minutes. A 429 of an unknown limit draws the blame only on
    the class the provider accepted most of relative to its budget (when what it accepted was
    measured): the other classes are cut too, but their levels stay allowed and the cut does
    not count towards a re-base. Once ``blame_min_samples`` unknown 429s (one per episode)
@@ -47,7 +51,8 @@ Rules, in the order ``step`` applies them:
    across them (the binding limit accepts its limit each time; the other classes move with
    the mix of calls and with our cuts), and the 429 memory earlier unknown 429s left on the
    other classes is dropped: without it a wrong blame feeds itself, as the class cut becomes
-   the most used relative to its budget.
+   the most used relative to its budget. The steadiness overrules the share only where the
+   share rule is in that loop, or agrees (``planner.blame.steady_overrides_share``).
 5. ``rebase_cuts`` cuts below the seed within ``rebase_period_s`` re-base that class's seed to
    the cut level (the provider's limit dropped): growth is then bounded by 1.5x the new seed and
    by ``(1 - probe_margin)`` x the last level that drew a 429, so it is not re-probed every few
@@ -211,6 +216,7 @@ def rebase(
         seed_source="operator",
         last_429_level={},
         last_429_at={},
+        level_memory_s={},
         cuts_below_seed={},
     )
 
@@ -257,10 +263,10 @@ def _apply_headers(
         elif state.observed.get(cls) != cap:
             # a newly stated limit: the budget goes to it at once (not +5% per window from a
             # stale or low seed), but not back above a level that drew a 429 recently
-            at = state.last_429_at.get(cls)
             bound = cap
-            if at is not None and now - at <= config.memory_s:
-                bound = min(bound, state.last_429_level[cls] * (1.0 - config.probe_margin))
+            remembered = state.level_cap(cls, now, config)
+            if remembered is not None:
+                bound = min(bound, remembered)
             if bound > current:
                 budgets = budgets.with_value(cls, bound)
     hard = {**state.hard_caps, **caps}
@@ -496,6 +502,7 @@ def _cut(
             ),
             False,
         )
+    remembered, memory = _level_memory(state, cls, level, now, config)
     cuts = tuple(t for t in state.cuts_below_seed.get(cls, ()) if now - t <= config.rebase_period_s)
     seed = state.seed
     rebased = False
@@ -511,8 +518,9 @@ def _cut(
             seed=seed,
             budgets=state.budgets.with_value(cls, new_value),
             seed_source="controller" if rebased else state.seed_source,
-            last_429_level={**state.last_429_level, cls: level},
+            last_429_level={**state.last_429_level, cls: remembered},
             last_429_at={**state.last_429_at, cls: now},
+            level_memory_s={**state.level_memory_s, cls: memory},
             last_cut_at={**state.last_cut_at, cls: now},
             cuts_below_seed={**state.cuts_below_seed, cls: cuts},
             share_rebased_at={**state.share_rebased_at, cls: now}
@@ -521,6 +529,26 @@ def _cut(
         ),
         rebased,
     )
+
+
+def _level_memory(
+    state: BudgetState, cls: BudgetClass, level: float, now: float, config: ControllerConfig
+) -> tuple[float, float]:
+    """The level a 429 at ``level`` leaves remembered, and for how long it caps growth.
+
+    A 429 while the last level is remembered (or the first) remembers its own level, for the
+    class's memory. One after the memory lapsed is a re-probe: at about the same level (at most
+    ``reprobe_same`` x it) the limit has not moved, so the old level stays (growth goes back at
+    once to what held for the whole memory, not down a staircase of 429s from the higher level
+    the per-minute bucket let the re-probe reach) and the memory doubles, up to
+    ``memory_max_s``; higher, the limit rose: its level, remembered for ``memory_s``."""
+    previous = state.last_429_level.get(cls)
+    memory = state.level_memory_s.get(cls, config.memory_s)
+    if previous is None or state.remembers_429_level(cls, now, config.memory_s):
+        return level, memory
+    if level <= previous * config.reprobe_same:
+        return min(level, previous), min(2.0 * memory, config.memory_max_s)
+    return level, config.memory_s
 
 
 def _eased(
@@ -544,9 +572,9 @@ def _ceiling(state: BudgetState, cls: BudgetClass, now: float, config: Controlle
     ceiling = seed_value * config.max_over_seed
     if cls in state.hard_caps:
         ceiling = min(ceiling, state.hard_caps[cls])
-    at = state.last_429_at.get(cls)
-    if at is not None and now - at <= config.memory_s:
-        ceiling = min(ceiling, state.last_429_level[cls] * (1.0 - config.probe_margin))
+    remembered = state.level_cap(cls, now, config)
+    if remembered is not None:
+        ceiling = min(ceiling, remembered)
     return ceiling
 
 

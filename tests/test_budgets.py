@@ -191,6 +191,50 @@ def test_growth_does_not_return_above_a_level_that_drew_a_429_recently() -> None
     assert s.budgets.tokens_per_s > level
 
 
+def _clean_until(s: BudgetState, t: float, until: float) -> tuple[BudgetState, float]:
+    while t < until:
+        t += 15.0
+        s, _ = window(s, t)
+    return s, t
+
+
+def test_a_reprobe_that_finds_the_same_limit_keeps_its_level_and_doubles_the_memory() -> None:
+    """A steady limit is re-probed ever more rarely: after the memory lapses growth probes
+    past the old level; a 429 there, at about the same level, confirms it. The budget goes
+    back under the old level (what held for the whole memory), not under the higher level
+    the re-probe reached (a staircase of 429s down from it), and that level is remembered
+    twice as long."""
+    s = replace(fresh(), budgets=replace(SEED, tokens_per_s=30_000.0))
+    s, _ = window(s, 15.0, LimitType.TOKENS)
+    assert s.last_429_level[TOK] == 30_000.0
+    s, t = _clean_until(s, 15.0, 15.0 + CFG.memory_s + 45.0)
+    reached = s.budgets.tokens_per_s
+    assert 30_000.0 < reached <= 30_000.0 * CFG.reprobe_same  # re-probing past the old level
+    t += 15.0
+    s, _ = window(s, t, LimitType.TOKENS)
+    assert s.last_429_level[TOK] == 30_000.0
+    assert s.level_memory_s[TOK] == 2 * CFG.memory_s
+    s, t = _clean_until(s, t, t + 1.5 * CFG.memory_s)  # past memory_s, within twice it
+    assert s.budgets.tokens_per_s == pytest.approx(30_000.0 * (1 - CFG.probe_margin))
+    s, t = _clean_until(s, t, t + CFG.memory_s)  # twice memory_s lapsed: probes again
+    assert s.budgets.tokens_per_s > 30_000.0
+
+
+def test_a_reprobe_past_the_old_level_remembers_the_new_limit_for_the_first_memory() -> None:
+    """A limit raised mid-run, no header to say so: the re-probe after the memory lapses
+    grows well past the old level before its 429; that level (the new limit) is remembered,
+    for ``memory_s`` again."""
+    s = replace(fresh(), budgets=replace(SEED, tokens_per_s=20_000.0))
+    s, _ = window(s, 15.0, LimitType.TOKENS)
+    s, t = _clean_until(s, 15.0, 15.0 + CFG.memory_s + 600.0)
+    reached = s.budgets.tokens_per_s
+    assert reached > 20_000.0 * CFG.reprobe_same
+    t += 15.0
+    s, _ = window(s, t, LimitType.TOKENS)
+    assert s.last_429_level[TOK] == reached
+    assert s.level_memory_s[TOK] == CFG.memory_s
+
+
 def _run_dropping_limit(cfg: ControllerConfig, hours: float = 2.5):
     """A provider whose token limit drops to 40% of the seed at t=600: each window with a
     budget above the true limit draws a token 429."""
