@@ -1,0 +1,186 @@
+"""How one class's budget moves (rules 4-7 of ``planner.budgets``): a cut after a 429, with
+the level it leaves remembered and the re-base down it may make; growth on a clean window up to
+its ceiling; and the re-base up of a seed the provider clearly allows more than.
+
+``planner.budgets.step`` decides which classes move and why; this module owns by how much.
+Pure: the clock is an argument; no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.budget_state import NEG_INF, BudgetClass, BudgetState, ControllerConfig
+
+__all__ = ["cut", "grown", "rebased_up"]
+
+
+def cut(
+    state: BudgetState,
+    cls: BudgetClass,
+    now: float,
+    config: ControllerConfig,
+    delivered: float | None = None,
+    *,
+    blamed: bool = True,
+    unchecked: bool = False,
+) -> tuple[BudgetState, bool]:
+    """Cut ``cls`` after a 429 (rule 4). A class the 429 did not blame
+    (``planner.blame.blamed_classes``) is cut the same way, but its level is not remembered as
+    one that drew a 429 and the cut does not count towards a re-base. A re-base down of an
+    ``unchecked`` blame (``planner.budgets.step``) is remembered in ``share_rebased_at``."""
+    level = state.budgets.get(cls)
+    seed_value = state.seed.get(cls)
+    assert level is not None and seed_value is not None
+    new_value = level * config.cut
+    if delivered is not None and delivered > 0:
+        previous = state.last_cut_at.get(cls, NEG_INF)
+        if now - previous <= 2.0 * config.cooldown_s:
+            if delivered >= level * (1.0 - config.probe_margin):
+                # it accepted (about) all we sent: this 429 is a residue of the overshoot
+                # that drew the last cut (the provider's per-minute bucket still in debt), not
+                # a sign the cut level is too high. Ease off a little; the level stays allowed.
+                return _eased(state, cls, level, now, config), False
+            # rejected through a whole cooldown: what the provider accepted is its limit —
+            # but not below two blind cuts: where rejected requests count against the limit
+            # (OpenAI), retries can keep the bucket so empty that little is accepted at all
+            measured = delivered * (1.0 - config.probe_margin)
+            new_value = max(min(new_value, measured), level * config.cut * config.cut)
+    if config.cut_to_seed and level > seed_value:
+        new_value = min(new_value, seed_value)  # the room above the seed was not there
+    new_value = max(new_value, seed_value * config.min_fraction)
+    if not blamed:
+        return (
+            replace(
+                state,
+                budgets=state.budgets.with_value(cls, new_value),
+                last_cut_at={**state.last_cut_at, cls: now},
+            ),
+            False,
+        )
+    remembered, memory = _level_memory(state, cls, level, now, config)
+    cuts = tuple(t for t in state.cuts_below_seed.get(cls, ()) if now - t <= config.rebase_period_s)
+    seed = state.seed
+    rebased = False
+    if new_value < seed_value:
+        cuts = (*cuts, now)
+        if len(cuts) >= config.rebase_cuts:
+            seed = seed.with_value(cls, new_value)
+            cuts = ()
+            rebased = True
+    return (
+        replace(
+            state,
+            seed=seed,
+            budgets=state.budgets.with_value(cls, new_value),
+            seed_source="controller" if rebased else state.seed_source,
+            last_429_level={**state.last_429_level, cls: remembered},
+            last_429_at={**state.last_429_at, cls: now},
+            level_memory_s={**state.level_memory_s, cls: memory},
+            last_cut_at={**state.last_cut_at, cls: now},
+            cuts_below_seed={**state.cuts_below_seed, cls: cuts},
+            share_rebased_at={**state.share_rebased_at, cls: now}
+            if rebased and unchecked
+            else state.share_rebased_at,
+        ),
+        rebased,
+    )
+
+
+def _level_memory(
+    state: BudgetState, cls: BudgetClass, level: float, now: float, config: ControllerConfig
+) -> tuple[float, float]:
+    """The level a 429 at ``level`` leaves remembered, and for how long it caps growth.
+
+    A 429 while the last level is remembered (or the first) remembers its own level, for the
+    class's memory. One after the memory lapsed is a re-probe: at about the same level (at most
+    ``reprobe_same`` x it) the limit has not moved, so the old level stays (growth goes back at
+    once to what held for the whole memory, not down a staircase of 429s from the higher level
+    the per-minute bucket let the re-probe reach) and the memory doubles, up to
+    ``memory_max_s``; higher, the limit rose: its level, remembered for ``memory_s``."""
+    previous = state.last_429_level.get(cls)
+    memory = state.level_memory_s.get(cls, config.memory_s)
+    if previous is None or state.remembers_429_level(cls, now, config.memory_s):
+        return level, memory
+    if level <= previous * config.reprobe_same:
+        return min(level, previous), min(2.0 * memory, config.memory_max_s)
+    return level, config.memory_s
+
+
+def _eased(
+    state: BudgetState, cls: BudgetClass, level: float, now: float, config: ControllerConfig
+) -> BudgetState:
+    """A 429 residue: the budget eases ``probe_margin`` below its level; no new 429 level, no
+    re-base count (the level did not draw it)."""
+    seed_value = state.seed.get(cls)
+    assert seed_value is not None
+    value = max(level * (1.0 - config.probe_margin), seed_value * config.min_fraction)
+    return replace(
+        state,
+        budgets=state.budgets.with_value(cls, value),
+        last_cut_at={**state.last_cut_at, cls: now},
+    )
+
+
+def _ceiling(state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig) -> float:
+    """How high growth may take the class: ``max_over_seed`` x its seed, a header's hard cap,
+    and ``probe_margin`` below a 429 level it remembers."""
+    seed_value = state.seed.get(cls)
+    assert seed_value is not None
+    ceiling = seed_value * config.max_over_seed
+    if cls in state.hard_caps:
+        ceiling = min(ceiling, state.hard_caps[cls])
+    remembered = state.level_cap(cls, now, config)
+    if remembered is not None:
+        ceiling = min(ceiling, remembered)
+    return ceiling
+
+
+def grown(
+    state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig
+) -> float | None:
+    """Rule 6: the class's budget after a clean window (``growth`` up to its ceiling), or None
+    when it is already there."""
+    value = state.budgets.get(cls)
+    assert value is not None
+    target = min(value * (1.0 + config.growth), _ceiling(state, cls, now, config))
+    return target if target > value else None
+
+
+def rebased_up(
+    state: BudgetState, used: set[BudgetClass], now: float, config: ControllerConfig
+) -> tuple[BudgetState, list[BudgetClass]]:
+    """Rule 7: a class held at ``max_over_seed`` x its seed by that ceiling alone (not by a
+    header limit nor a recent 429 level), clean and used for ``rebase_up_s``, re-bases its seed
+    to its level: the provider allows more than the seed said (an operator's low guess, a
+    limit raised mid-run) and growth may go on. Without utilisation figures nothing is proven
+    (an unused budget at its ceiling says nothing of the provider)."""
+    since = dict(state.at_ceiling_since)
+    seed = state.seed
+    rebased: list[BudgetClass] = []
+    for cls in state.budgets.classes():
+        level = state.budgets.get(cls)
+        seed_value = seed.get(cls)
+        assert level is not None and seed_value is not None
+        held_by_seed = level >= seed_value * config.max_over_seed * (1.0 - 1e-9) and (
+            _ceiling(state, cls, now, config) >= seed_value * config.max_over_seed * (1.0 - 1e-9)
+        )
+        if cls not in used or not held_by_seed:
+            since.pop(cls, None)
+            continue
+        start = since.setdefault(cls, now)
+        if now - start >= config.rebase_up_s:
+            seed = seed.with_value(cls, level)
+            since.pop(cls)
+            rebased.append(cls)
+    if not rebased and since == state.at_ceiling_since:
+        return state, []
+    return (
+        replace(
+            state,
+            seed=seed,
+            at_ceiling_since=since,
+            seed_source="controller" if rebased else state.seed_source,
+        ),
+        rebased,
+    )
