@@ -22,6 +22,7 @@ __all__ = [
     "blamed_classes",
     "classes_hit",
     "forget_others",
+    "named_classes",
     "pressed_classes",
     "steadiest",
     "steady_overrides_share",
@@ -42,6 +43,13 @@ def classes_hit(lt: LimitType, state: BudgetState) -> tuple[BudgetClass, ...]:
     return state.budgets.classes()  # unknown (or output with nothing to cut): all
 
 
+def named_classes(
+    state: BudgetState, throttles: Sequence[tuple[LimitType, float | None]]
+) -> set[BudgetClass]:
+    """The classes the 429s that name their limit hit (the unknown ones name none)."""
+    return {c for lt, _ in throttles if lt is not LimitType.UNKNOWN for c in classes_hit(lt, state)}
+
+
 def pressed_classes(
     state: BudgetState,
     throttles: Sequence[tuple[LimitType, float | None]],
@@ -55,14 +63,8 @@ def pressed_classes(
     latest unknown 429s single out (``steady``, see ``steadiest``) when they do."""
     if not delivered:
         return set()
-    named: set[BudgetClass] = set()
-    unknown = False
-    for lt, _ in throttles:
-        if lt is LimitType.UNKNOWN:
-            unknown = True
-        else:
-            named.update(classes_hit(lt, state))
-    if unknown:
+    named = named_classes(state, throttles)
+    if any(lt is LimitType.UNKNOWN for lt, _ in throttles):
         shares = {
             cls: rate / level
             for cls, rate in delivered.items()
@@ -181,7 +183,4 @@ def blamed_classes(
     re-base: else a token limit's 429s would cap the request budget below its own limit."""
     if not pressed and any(lt is LimitType.UNKNOWN for lt, _ in throttles):
         return set(state.budgets.classes())
-    named = {
-        c for lt, _ in throttles if lt is not LimitType.UNKNOWN for c in classes_hit(lt, state)
-    }
-    return named | pressed
+    return named_classes(state, throttles) | pressed

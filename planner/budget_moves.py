@@ -100,7 +100,7 @@ def _level_memory(
     ``memory_max_s``; higher, the limit rose: its level, remembered for ``memory_s``."""
     previous = state.last_429_level.get(cls)
     memory = state.level_memory_s.get(cls, config.memory_s)
-    if previous is None or state.remembers_429_level(cls, now, config.memory_s):
+    if previous is None or state.remembers_429_level(cls, now, config):
         return level, memory
     if level <= previous * config.reprobe_same:
         return min(level, previous), min(2.0 * memory, config.memory_max_s)

@@ -191,16 +191,16 @@ class BudgetState:
     def is_stale(self, now: float) -> bool:
         return now - self.seeded_at > self.stale_after_s
 
-    def remembers_429_level(self, cls: BudgetClass, now: float, base_s: float) -> bool:
-        """The class's last 429 level still caps its growth at ``now`` (``base_s``: the
-        controller's ``memory_s``, for a class with no memory of its own)."""
+    def remembers_429_level(self, cls: BudgetClass, now: float, config: ControllerConfig) -> bool:
+        """The class's last 429 level still caps its growth at ``now`` (for its own memory,
+        or ``config.memory_s`` when it has none yet)."""
         at = self.last_429_at.get(cls)
-        return at is not None and now - at <= self.level_memory_s.get(cls, base_s)
+        return at is not None and now - at <= self.level_memory_s.get(cls, config.memory_s)
 
     def level_cap(self, cls: BudgetClass, now: float, config: ControllerConfig) -> float | None:
         """How high growth may take the class for its last 429 level (None: no level
         remembered): ``probe_margin`` below it."""
-        if not self.remembers_429_level(cls, now, config.memory_s):
+        if not self.remembers_429_level(cls, now, config):
             return None
         return self.last_429_level[cls] * (1.0 - config.probe_margin)
 

@@ -86,6 +86,7 @@ from planner.blame import (
     blamed_classes,
     classes_hit,
     forget_others,
+    named_classes,
     pressed_classes,
     steadiest,
     steady_overrides_share,
@@ -217,11 +218,8 @@ def rebase(
         budgets=new_budgets,
         seeded_at=now,
         seed_source="operator",
-        last_429_level={},
-        last_429_at={},
-        level_memory_s={},
-        cuts_below_seed={},
-    )
+        share_rebased_at={},  # the share rule's re-bases are of a seed no longer there
+    ).keeping_429_memory(lambda _: False)
 
 
 def recounted(state: BudgetState, cached_input_counts: bool) -> BudgetState:
@@ -384,13 +382,7 @@ def step(
         pressed = pressed_classes(state, rate_throttles, obs.delivered, steady)
         blamed = blamed_classes(state, rate_throttles, pressed)
         # blamed on the share rule alone: no 429 named the class and no steadiness checked it
-        unchecked = (
-            set()
-            if measured
-            else blamed
-            - {c for lt, _ in rate_throttles if lt is not LimitType.UNKNOWN
-               for c in classes_hit(lt, state)}
-        )  # fmt: skip
+        unchecked = set() if measured else blamed - named_classes(state, rate_throttles)
         for cls in (c for c in state.budgets.classes() if c in hit):
             last = state.last_cut_at.get(cls, NEG_INF)
             if now - last < config.cooldown_s:

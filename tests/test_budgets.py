@@ -347,6 +347,7 @@ def test_operator_rebase() -> None:
     assert s.seed == new_seed and s.budgets == new_seed
     assert s.seed_source == "operator" and s.seeded_at == 30.0
     assert s.last_429_level == {}
+    assert s.last_429_at == {} and s.level_memory_s == {} and s.cuts_below_seed == {}
     capped = fresh(observed_limits={LimitType.REQUESTS: 60.0})  # 1/s hard cap
     capped = rebase(capped, SEED, 10.0)
     assert capped.budgets.calls_per_s == pytest.approx(1.0)
