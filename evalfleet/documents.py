@@ -6,6 +6,11 @@ file, a top level that is not a mapping, non-string keys, excessive nesting, and
 pydantic ``ValidationError`` into one ``path.of.field: message`` line per problem. Every failure
 is an ``evalfleet.errors.ConfigError(source, problems)``; nothing here returns half a document.
 
+Numbers read as a person or a program writes them: YAML's exponent form without a dot (``2e6``,
+``1E+6``, which YAML 1.1 reads as a string) is a float, as in YAML 1.2 and JSON; and
+``WholeNumber`` fields take a float that is a whole number (``2000000.0``, what a script that
+computed a limit writes), and name the field when it is not.
+
 The API is small and generic so that any part can reuse it::
 
     data = load_document(path)                       # dict[str, Any], or ConfigError
@@ -16,13 +21,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from evalfleet.errors import ConfigError
 
@@ -163,6 +169,15 @@ class _StrictYamlLoader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.Safe
         return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
 
+# YAML 1.1 (PyYAML) reads a float only with a dot: `2e6` and `1E+6` would be strings. YAML 1.2
+# and JSON read them as numbers, and so does a person writing a limit.
+_StrictYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def _parse_yaml(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_StrictYamlLoader)  # a SafeLoader subclass
@@ -227,6 +242,24 @@ def _parse_json(text: str, source: str) -> Any:
         raise ConfigError(source, ["invalid JSON: too deeply nested"]) from None
     except ValueError as exc:  # e.g. an integer with more digits than Python converts
         raise ConfigError(source, [f"invalid JSON: {_one_line(str(exc))}"]) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Whole numbers
+
+
+def _whole(value: Any) -> Any:
+    """A float that is a whole number as that int; anything else unchanged, for the strict
+    int check after it to refuse (a fraction is refused here, naming the value)."""
+    if isinstance(value, float) and math.isfinite(value):
+        if not value.is_integer():
+            raise ValueError(f"must be a whole number (got {value!r})")
+        return int(value)
+    return value
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole)]
+"""An int field of a user document that also takes a float with no fraction (``4000.0``)."""
 
 
 # --------------------------------------------------------------------------------------------

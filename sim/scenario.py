@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from evalfleet.documents import load_document, validate
+from evalfleet.documents import WholeNumber, load_document, validate
 from evalfleet.errors import ConfigError
 
 LIMIT_FIELDS = ("rpm", "tpm", "input_tpm", "output_tpm")
@@ -63,8 +63,8 @@ class Parametric(_Strict):
     """A synthetic harness: per instance a lognormal number of calls, growing context."""
 
     calls: Spread
-    first_input_tokens: int = Field(ge=1, le=2_000_000)
-    input_growth_per_call: int = Field(default=0, ge=0, le=1_000_000)
+    first_input_tokens: WholeNumber = Field(ge=1, le=2_000_000)
+    input_growth_per_call: WholeNumber = Field(default=0, ge=0, le=1_000_000)
     output_tokens: Spread
     cached_share: float = Field(default=0.0, ge=0, le=1)
     gap_s: Spread
@@ -100,10 +100,10 @@ class LimitChange(_Strict):
     """From ``at_s`` on, the given limits replace the previous ones (others unchanged)."""
 
     at_s: float = Field(ge=0, le=10_000_000)
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
-    input_tpm: int | None = Field(default=None, ge=1)
-    output_tpm: int | None = Field(default=None, ge=1)
+    rpm: WholeNumber | None = Field(default=None, ge=1)
+    tpm: WholeNumber | None = Field(default=None, ge=1)
+    input_tpm: WholeNumber | None = Field(default=None, ge=1)
+    output_tpm: WholeNumber | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _changes_something(self) -> LimitChange:
@@ -115,10 +115,10 @@ class LimitChange(_Strict):
 class Provider(_Strict):
     """The provider's true per-minute limits (null = no such limit) and what it reveals."""
 
-    rpm: int | None = Field(default=None, ge=1, le=100_000_000)
-    tpm: int | None = Field(default=None, ge=1, le=10_000_000_000)
-    input_tpm: int | None = Field(default=None, ge=1, le=10_000_000_000)
-    output_tpm: int | None = Field(default=None, ge=1, le=10_000_000_000)
+    rpm: WholeNumber | None = Field(default=None, ge=1, le=100_000_000)
+    tpm: WholeNumber | None = Field(default=None, ge=1, le=10_000_000_000)
+    input_tpm: WholeNumber | None = Field(default=None, ge=1, le=10_000_000_000)
+    output_tpm: WholeNumber | None = Field(default=None, ge=1, le=10_000_000_000)
     cached_input_counts: bool = False
     headers: Literal["anthropic", "openai", "none"] = "none"
     changes: list[LimitChange] = Field(default_factory=list, max_length=100)
@@ -153,9 +153,9 @@ class AliasConfig(_Strict):
 class Caps(_Strict):
     """Task caps (a fleet of at most this many running + booting tasks); null = none."""
 
-    static: int | None = Field(default=1000, ge=1, le=1_000_000)
-    run: int | None = Field(default=None, ge=1, le=1_000_000)
-    override: int | None = Field(default=None, ge=0, le=1_000_000)
+    static: WholeNumber | None = Field(default=1000, ge=1, le=1_000_000)
+    run: WholeNumber | None = Field(default=None, ge=1, le=1_000_000)
+    override: WholeNumber | None = Field(default=None, ge=0, le=1_000_000)
 
     @property
     def binding(self) -> int | None:
@@ -168,8 +168,8 @@ class Scenario(_Strict):
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = Field(default="", max_length=2000)
-    seed: int = Field(default=0, ge=0, le=2**32 - 1)
-    instances: int = Field(ge=1, le=100_000)
+    seed: WholeNumber = Field(default=0, ge=0, le=2**32 - 1)
+    instances: WholeNumber = Field(ge=1, le=100_000)
     harness: Harness
     provider: Provider
     alias_config: AliasConfig

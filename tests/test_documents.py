@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evalfleet.documents import (
     MAX_DOCUMENT_BYTES,
     MAX_NESTING,
+    WholeNumber,
     format_loc,
     load_document,
     parse_document,
@@ -153,6 +154,55 @@ def test_format_override_and_parse_document() -> None:
     with pytest.raises(ConfigError) as info:
         parse_document("a: 1", "inline", "toml")
     assert info.value.source == "inline"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("2e6", 2_000_000.0),
+        ("1E+6", 1_000_000.0),
+        ("-3e-2", -0.03),
+        ("2_000e3", 2_000_000.0),
+        ("1.5e+3", 1500.0),  # YAML 1.1's own float form still reads as before
+        ("2.5e6", 2_500_000.0),
+    ],
+)
+def test_yaml_reads_an_exponent_without_a_dot_as_a_number(text: str, value: float) -> None:
+    parsed = parse_document(f"limit: {text}", "inline", "yaml")["limit"]
+    assert isinstance(parsed, float)
+    assert parsed == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["e6", "2e", "1.2.3", "2e6x", "1e6e", "e+6"])
+def test_yaml_strings_that_only_look_like_exponents_stay_strings(text: str) -> None:
+    assert parse_document(f"v: {text}", "inline", "yaml")["v"] == text
+
+
+class _Counts(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    rpm: WholeNumber = Field(ge=1)
+    instances: WholeNumber | None = None
+
+
+def test_a_whole_number_field_takes_an_integral_float_as_an_int() -> None:
+    model = validate(_Counts, {"rpm": 4000.0, "instances": 5e2}, "src")
+    assert model.rpm == 4000 and isinstance(model.rpm, int)
+    assert model.instances == 500 and isinstance(model.instances, int)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (4000.5, "rpm: must be a whole number (got 4000.5)"),
+        (True, "rpm: must be a valid integer (got a boolean)"),
+        ("4000", "rpm: must be a valid integer (got a string)"),
+        (0.0, "rpm: must be greater than or equal to 1"),
+    ],
+)
+def test_a_whole_number_field_refuses_the_rest_by_name(value: object, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate(_Counts, {"rpm": value}, "src")
+    assert info.value.problems == [expected]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -125,6 +125,22 @@ def test_bad_scenarios_are_clear_errors(change: dict[str, Any], problem: str) ->
     assert str(err.value).startswith("s.yaml")
 
 
+def test_numbers_read_as_written_by_a_person_or_a_script(tmp_path: Path) -> None:
+    # `2e6` is a float in YAML 1.2 and JSON (a string in YAML 1.1); 4000.0 is what a script
+    # that computed a limit writes. Both are the whole numbers they say.
+    data = parametric(provider={"rpm": 4000.0, "input_tpm": 2_000_000})
+    text = yaml.safe_dump(data).replace("input_tpm: 2000000", "input_tpm: 2e6")
+    assert "input_tpm: 2e6" in text
+    path = tmp_path / "s.yaml"
+    path.write_text(text, encoding="utf-8")
+    scenario = load_scenario(path)
+    assert scenario.provider.rpm == 4000 and isinstance(scenario.provider.rpm, int)
+    assert scenario.provider.input_tpm == 2_000_000
+    with pytest.raises(ConfigError) as err:
+        parse_scenario(parametric(provider={"rpm": 4000.5}), "s.yaml")
+    assert "provider.rpm: must be a whole number (got 4000.5)" in err.value.problems
+
+
 def test_missing_required_keys_are_named() -> None:
     with pytest.raises(ConfigError) as err:
         parse_scenario({"name": "x"}, "s.yaml")
