@@ -105,6 +105,14 @@ def test_shipped_scenarios_are_valid(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "path", sorted((ROOT / "scenarios" / "outside").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_scenarios_written_outside_the_generator_are_valid(path: Path) -> None:
+    scenario = load_scenario(path)
+    assert scenario.name == path.stem and scenario.description
+
+
+@pytest.mark.parametrize(
     ("change", "problem"),
     [
         ({"surprise": 1}, "surprise: unknown key"),
