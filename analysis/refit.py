@@ -1,8 +1,8 @@
 """Refitting a harness's usage curves from the ledger: the logic of ``refit_curves.ipynb`` and of
 ``evalfleet curves fit``.
 
-``refit`` loads a time window of ``llm_calls`` (``ledger.curves.load_fit_window``), fits it with
-the planner's own fitting code (``planner.fit.fit_curve``), finds the version in use
+``refit`` loads a time window of ``llm_calls`` (``ledger.curve_window.load_fit_window``), fits
+it with the planner's own fitting code (``planner.fit.fit_curve``), finds the version in use
 (``ledger.curves.latest_curve``: newest stored, else the shipped default) and compares both
 curves with the observed rates per minute of task age (``planner.fit.check_curve``).
 ``write_refit`` stores the new curve as the next version, with its sample count and the fit
@@ -25,7 +25,8 @@ from matplotlib.figure import Figure
 from sqlalchemy import Engine
 
 from evalfleet.errors import ConfigError, EvalfleetError, NotFound
-from ledger.curves import FitWindow, StoredCurve, latest_curve, load_fit_window, write_curve
+from ledger.curve_window import FitWindow, load_fit_window
+from ledger.curves import StoredCurve, latest_curve, write_curve
 from planner.curves import HarnessCurve
 from planner.fit import FitResult, check_curve, fit_curve, interval_mass
 

@@ -25,6 +25,10 @@
 
 Harness headers: ``x-evalfleet-instance``, ``x-evalfleet-harness`` and
 ``x-evalfleet-task-started-at`` (epoch seconds; else the gateway's first sight of the instance).
+
+This module is the call path; the flavours' wire formats (errors, passed-through headers, usage)
+are ``gateway.wire``, and what is kept of each call (task age, the pacer's estimate, its
+``llm_calls`` row and the alias's headers) is ``gateway.calls``.
 """
 
 from __future__ import annotations
@@ -33,9 +37,7 @@ import asyncio
 import json
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,12 +52,21 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from evalfleet.errors import KeyRejected, SpendCapExceeded
-from gateway.aliases import Alias, Aliases
+from gateway.aliases import Aliases
+from gateway.calls import Call, CallBook
 from gateway.keys import ProviderKeyStore, hash_secret
-from gateway.pacing import CallEstimate, Pacer, PacerUnavailable, Permit
-from gateway.recorder import CallRecorder, Observation
-from gateway.spend import Reservation, Settler, SpendStore
+from gateway.pacing import Pacer, PacerUnavailable
+from gateway.recorder import CallRecorder
+from gateway.spend import Settler, SpendStore
 from gateway.tokens import count_prompt_tokens, requested_max_tokens
+from gateway.wire import (
+    bad_request,
+    error_response,
+    passthrough_headers,
+    presented_key,
+    unauthorized,
+    usage_from_body,
+)
 from ledger.db import session_factory
 from ledger.pauses import is_paused
 from planner.classify import LimitType, classify, parse_rate_limit_headers
@@ -64,95 +75,7 @@ from planner.pacer import CallUsage as PacerUsage
 log = logging.getLogger(__name__)
 
 RETRYABLE = (429, 503, 529)
-PASS_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry", "request-id", "x-request-id")
-PASS_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
-
-
-def error_response(
-    flavour: str,
-    status: int,
-    etype: str,
-    message: str,
-    *,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    """An error in the flavour's own shape (the SDKs turn it into their exception types)."""
-    body: dict[str, Any]
-    if flavour == "anthropic":
-        body = {"type": "error", "error": {"type": etype, "message": message}}
-    else:
-        body = {"error": {"message": message, "type": etype, "param": None, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def passthrough_headers(headers: httpx.Headers) -> dict[str, str]:
-    """The provider headers a harness's SDK reads: rate limits, retry-after, request id."""
-    out = {}
-    for name, value in headers.items():
-        lower = name.lower()
-        if lower in PASS_HEADERS or lower.startswith(PASS_PREFIXES):
-            out[lower] = value
-    return out
-
-
-@dataclass
-class CallUsage:
-    """Tokens of a finished call by class."""
-
-    input_total: int = 0
-    input_cached: int = 0
-    output: int = 0
-
-    @property
-    def uncached(self) -> int:
-        return max(0, self.input_total - self.input_cached)
-
-
-def usage_from_body(flavour: str, body: Any, usage: CallUsage) -> None:
-    """Fill ``usage`` from a response body or one streamed event (either flavour)."""
-    if not isinstance(body, dict):
-        return
-    if flavour == "openai":
-        u = body.get("usage")
-        if isinstance(u, dict):
-            usage.input_total = int(u.get("prompt_tokens") or 0)
-            usage.output = int(u.get("completion_tokens") or 0)
-            details = u.get("prompt_tokens_details")
-            if isinstance(details, dict):
-                usage.input_cached = int(details.get("cached_tokens") or 0)
-        return
-    u = body.get("usage")
-    if body.get("type") == "message_start" and isinstance(body.get("message"), dict):
-        u = body["message"].get("usage")
-    if not isinstance(u, dict):
-        return
-    if "input_tokens" in u:
-        cached = int(u.get("cache_read_input_tokens") or 0)
-        created = int(u.get("cache_creation_input_tokens") or 0)
-        usage.input_cached = cached
-        usage.input_total = int(u.get("input_tokens") or 0) + cached + created
-    if "output_tokens" in u:
-        usage.output = int(u.get("output_tokens") or 0)
-
-
-@dataclass
-class _Call:
-    """What the gateway knows about one harness call while it is in flight."""
-
-    alias: Alias
-    flavour: str
-    reservation: Reservation
-    instance: str | None
-    harness: str | None
-    task_age_s: float | None
-    requested_at: datetime
-    input_estimate: int
-    max_tokens: int
-    permit: Permit | None = None
-    settled: bool = False
-    usage: CallUsage = field(default_factory=CallUsage)
 
 
 class Gateway:
@@ -179,6 +102,7 @@ class Gateway:
         self.pacer = pacer
         self.max_retry_wait_s = max_retry_wait_s
         self.recorder = CallRecorder(self.sessions)
+        self.book = CallBook(self.recorder, clock)
         self.spend = SpendStore(engine)
         self.settler = Settler(self.spend)
         self._transport = transport
@@ -190,8 +114,6 @@ class Gateway:
         self._paused = False
         self._pause_task: asyncio.Task[None] | None = None
         self._provider_keys: dict[str, SecretStr] = {}
-        self._first_seen: OrderedDict[tuple[str, str], float] = OrderedDict()
-        self._last_input: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._settling: set[asyncio.Task[None]] = set()
         self.app = Starlette(
             routes=[
@@ -284,15 +206,15 @@ class Gateway:
                 "the evalfleet gateway is paused by an operator; retry later",
                 headers={"retry-after": str(self._pause_retry_after_s)},
             )
-        secret = _presented_key(request)
+        secret = presented_key(request)
         if secret is None:
-            return _unauthorized(flavour, "no gateway key: send Authorization: Bearer <key>")
+            return unauthorized(flavour, "no gateway key: send Authorization: Bearer <key>")
         try:
             body = json.loads(await request.body())
         except ValueError:
-            return _bad_request(flavour, "request body is not valid JSON")
+            return bad_request(flavour, "request body is not valid JSON")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            return _bad_request(flavour, "model: required (the name of a gateway alias)")
+            return bad_request(flavour, "model: required (the name of a gateway alias)")
         alias = self.aliases.find(body["model"])
         if alias is None:
             return error_response(
@@ -304,13 +226,13 @@ class Gateway:
                 code="model_not_found",
             )
         if alias.flavour != flavour:
-            return _bad_request(
+            return bad_request(
                 flavour, f"model: alias {alias.name!r} is served on {alias.path}, not here"
             )
         max_tokens = requested_max_tokens(body)
         if max_tokens is None:
             if flavour == "anthropic":
-                return _bad_request(flavour, "max_tokens: required (a positive integer)")
+                return bad_request(flavour, "max_tokens: required (a positive integer)")
             max_tokens = alias.default_max_tokens
             body["max_tokens"] = max_tokens
         input_tokens = count_prompt_tokens(body)
@@ -318,7 +240,7 @@ class Gateway:
         try:
             reservation = await self.spend.reserve(hash_secret(secret), worst_case, requested_at)
         except KeyRejected as exc:
-            return _unauthorized(flavour, f"{exc}: not forwarded")
+            return unauthorized(flavour, f"{exc}: not forwarded")
         except SpendCapExceeded as exc:
             return error_response(
                 flavour,
@@ -329,13 +251,13 @@ class Gateway:
                 headers={"x-should-retry": "false"},
             )
         instance = request.headers.get("x-evalfleet-instance")
-        call = _Call(
+        call = Call(
             alias=alias,
             flavour=flavour,
             reservation=reservation,
             instance=instance,
             harness=request.headers.get("x-evalfleet-harness"),
-            task_age_s=self._task_age(request, reservation.run_id, instance),
+            task_age_s=self.book.task_age(request, reservation.run_id, instance),
             requested_at=requested_at,
             input_estimate=input_tokens,
             max_tokens=max_tokens,
@@ -348,7 +270,7 @@ class Gateway:
 
     # ------------------------------------------------------------------ forwarding
 
-    async def _forward(self, request: Request, body: dict[str, Any], call: _Call) -> Response:
+    async def _forward(self, request: Request, body: dict[str, Any], call: Call) -> Response:
         provider_key = await self._provider_key(call.reservation.run_id)
         if provider_key is None:
             self._settle_now(call, settled_cost=0)
@@ -359,7 +281,7 @@ class Gateway:
                 f"run {call.reservation.run_id} has no provider key in the gateway's key store",
             )
         try:
-            call.permit = await self.pacer.acquire(call.alias.name, self._estimate(call))
+            call.permit = await self.pacer.acquire(call.alias.name, self.book.estimate(call))
         except PacerUnavailable as exc:
             self._settle_now(call, settled_cost=0)
             return error_response(
@@ -403,19 +325,19 @@ class Gateway:
             latency = time.monotonic() - started
             out_headers = passthrough_headers(upstream.headers)
             if upstream.status_code == 200:
-                self._observe(call, upstream, LimitType.NONE, None, None)
+                self.book.observe(call, upstream, LimitType.NONE, None, None)
                 self._sync_pacer(call, upstream)
                 try:
                     usage_from_body(call.flavour, json.loads(raw), call.usage)
                 except ValueError:
                     log.warning("alias %s: provider sent a 200 that is not JSON", call.alias.name)
-                cost = self._record(call, 200, latency, None)
+                cost = self.book.record(call, 200, latency, None)
                 self._settle_later(call, cost)
                 return Response(
                     raw, status_code=200, headers=out_headers, media_type="application/json"
                 )
             verdict = classify(upstream.status_code, upstream.headers, raw, now_epoch=self._clock())
-            self._observe(call, upstream, verdict.limit_type, verdict.limits, verdict.remaining)
+            self.book.observe(call, upstream, verdict.limit_type, verdict.limits, verdict.remaining)
             if verdict.remaining:
                 # the provider's bucket is emptier than the pacer's: retries must not storm it
                 self.pacer.observe_remaining(call.alias.name, verdict.remaining)
@@ -423,7 +345,7 @@ class Gateway:
             # decides which, none for spend or overload; a per-day limit's 429 holds them all)
             self.pacer.hold(call.alias.name, verdict)
             limit = None if verdict.limit_type is LimitType.NONE else verdict.limit_type.value
-            self._record(call, upstream.status_code, latency, limit)
+            self.book.record(call, upstream.status_code, latency, limit)
             wait = verdict.retry_after_s if verdict.retry_after_s is not None else 1.0
             retryable = (
                 upstream.status_code in RETRYABLE and verdict.limit_type is not LimitType.SPEND
@@ -439,7 +361,7 @@ class Gateway:
                 media_type=upstream.headers.get("content-type", "application/json"),
             )
 
-    def _stream(self, upstream: httpx.Response, call: _Call, started: float) -> Response:
+    def _stream(self, upstream: httpx.Response, call: Call, started: float) -> Response:
         gateway = self
 
         async def relay() -> AsyncIterator[bytes]:
@@ -461,11 +383,11 @@ class Gateway:
                 raise
             finally:
                 await upstream.aclose()
-                cost = gateway._record(call, status, time.monotonic() - started, None)
+                cost = gateway.book.record(call, status, time.monotonic() - started, None)
                 gateway._settle_now(call, settled_cost=cost if status == 200 else 0)
 
         headers = passthrough_headers(upstream.headers)
-        self._observe(call, upstream, LimitType.NONE, None, None)
+        self.book.observe(call, upstream, LimitType.NONE, None, None)
         self._sync_pacer(call, upstream)
         return StreamingResponse(
             relay(),
@@ -475,40 +397,6 @@ class Gateway:
         )
 
     # ------------------------------------------------------------------ bookkeeping
-
-    def _estimate(self, call: _Call) -> CallEstimate:
-        """The pacer's estimate: the cached part is the instance's previous prompt (agents
-        resend their history), the rest uncached; output ``max_tokens``."""
-        key = (call.reservation.run_id, call.instance or "")
-        cached = 0
-        if call.instance is not None:
-            cached = min(call.input_estimate, self._last_input.get(key, 0))
-            self._last_input[key] = call.input_estimate
-            self._last_input.move_to_end(key)
-            while len(self._last_input) > 200_000:
-                self._last_input.popitem(last=False)
-        return CallEstimate(
-            input_uncached=call.input_estimate - cached,
-            input_cached=cached,
-            max_output=call.max_tokens,
-        )
-
-    def _task_age(self, request: Request, run_id: str, instance: str | None) -> float | None:
-        now = self._clock()
-        started = request.headers.get("x-evalfleet-task-started-at")
-        if started is not None:
-            try:
-                return max(0.0, now - float(started))
-            except ValueError:
-                pass
-        if instance is None:
-            return None
-        key = (run_id, instance)
-        first = self._first_seen.setdefault(key, now)
-        self._first_seen.move_to_end(key)
-        while len(self._first_seen) > 200_000:
-            self._first_seen.popitem(last=False)
-        return now - first
 
     async def _provider_key(self, run_id: str) -> SecretStr | None:
         key = self._provider_keys.get(run_id)
@@ -522,78 +410,18 @@ class Gateway:
         """Drop a run's cached provider key (after its keys were revoked)."""
         self._provider_keys.pop(run_id, None)
 
-    def _record(self, call: _Call, status: int, latency_s: float, limit: str | None) -> int:
-        usage = call.usage if status == 200 else CallUsage()
-        cost = call.alias.prices.cost_micro_usd(usage.uncached, usage.input_cached, usage.output)
-        self.recorder.record(
-            {
-                "run_id": call.reservation.run_id,
-                "instance_id": call.instance,
-                "alias": call.alias.name,
-                "harness": call.harness,
-                "requested_at": call.requested_at,
-                "task_age_s": call.task_age_s,
-                "input_tokens": usage.input_total,
-                "cached_input_tokens": usage.input_cached,
-                "output_tokens": usage.output,
-                "latency_s": latency_s,
-                "pacer_wait_s": call.permit.waited_s if call.permit else 0.0,
-                "status": status,
-                "limit_type": limit,
-                "cost_micro_usd": cost,
-            }
-        )
-        return cost
-
-    def _observe(
-        self,
-        call: _Call,
-        upstream: httpx.Response,
-        limit_type: LimitType,
-        limits: Any,
-        remaining: Any,
-    ) -> None:
-        headers = {
-            k: v for k, v in passthrough_headers(upstream.headers).items() if "ratelimit" in k
-        }
-        if not headers:
-            return
-        limited = limit_type not in (LimitType.NONE, LimitType.OVERLOAD)
-        now = datetime.now(UTC)
-        self.recorder.observe(
-            Observation(
-                alias=call.alias.name,
-                observed_at=now,
-                status=upstream.status_code,
-                headers=headers,
-                limits=(
-                    {
-                        "limits": {str(k): v for k, v in limits.items()},
-                        "remaining": {str(k): v for k, v in (remaining or {}).items()},
-                    }
-                    if limits
-                    else {}
-                ),
-                last_limit_type=limit_type.value if limited else None,
-                last_limited_at=now if limited else None,
-                throttle_limits=(
-                    {str(k): float(v) for k, v in limits.items()} if limited and limits else {}
-                ),
-            )
-        )
-
-    def _sync_pacer(self, call: _Call, upstream: httpx.Response) -> None:
+    def _sync_pacer(self, call: Call, upstream: httpx.Response) -> None:
         """A success's rate-limit headers say what is left of the provider's buckets: the
         pacer holds no more (a limit that dropped, or other users of the key, show here first)."""
         remaining = parse_rate_limit_headers(upstream.headers).remaining
         if remaining:
             self.pacer.observe_remaining(call.alias.name, remaining)
 
-    def _settle_now(self, call: _Call, settled_cost: int) -> None:
+    def _settle_now(self, call: Call, settled_cost: int) -> None:
         """Settle pacer and spend for a call, once (in a tracked background task)."""
         self._settle_later(call, settled_cost)
 
-    def _settle_later(self, call: _Call, cost: int) -> None:
+    def _settle_later(self, call: Call, cost: int) -> None:
         if call.settled:
             return
         call.settled = True
@@ -601,7 +429,7 @@ class Gateway:
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 
-    async def _settle(self, call: _Call, cost: int) -> None:
+    async def _settle(self, call: Call, cost: int) -> None:
         if call.permit is not None:
             permit, call.permit = call.permit, None
             u = call.usage
@@ -612,35 +440,6 @@ class Gateway:
             )
             await self.pacer.settle(permit, usage)
         self.settler.add(call.reservation, cost)
-
-
-def _presented_key(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer ") and auth[7:].strip():
-        return auth[7:].strip()
-    key = request.headers.get("x-api-key", "").strip()
-    return key or None
-
-
-def _unauthorized(flavour: str, message: str) -> JSONResponse:
-    return error_response(
-        flavour,
-        401,
-        "authentication_error" if flavour == "anthropic" else "invalid_request_error",
-        message,
-        code="invalid_api_key",
-        headers={"x-should-retry": "false"},
-    )
-
-
-def _bad_request(flavour: str, message: str) -> JSONResponse:
-    return error_response(
-        flavour,
-        400,
-        "invalid_request_error",
-        message,
-        headers={"x-should-retry": "false"},
-    )
 
 
 __all__ = ["Gateway", "error_response", "usage_from_body"]

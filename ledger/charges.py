@@ -16,7 +16,7 @@ from sqlalchemy import Connection, func, select
 
 from ledger.clock import as_utc
 from ledger.models import AliasObservation, LlmCall
-from ledger.pacer_state import stated_limits, stated_remaining
+from ledger.pacer_window import stated_limits, stated_remaining
 from planner.budget_state import BudgetClass, TokenClass
 from planner.budgets import header_classes
 from planner.cache_counting import BucketReading

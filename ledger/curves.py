@@ -1,28 +1,5 @@
-"""Harness usage curves in the ledger: the refit's input (``llm_calls``) and its output
-(versioned ``harness_curves`` rows), and what the planner loop reads at every tick.
-
-Loading (``load_fit_window``): the successful calls (status 200) of one harness whose instances
-ran *entirely* inside a time window, as the ``planner.fit.fit_curve`` tables:
-
-- calls: ``instance_id`` (``run_id/instance_id``), ``t_request_s`` = ``llm_calls.task_age_s``
-  (the gateway's task age at request), and the token columns;
-- instances: ``instance_id`` and ``wall_time_s`` = ``instance_results.finished_at`` minus the
-  task's start, where the start is ``requested_at - task_age_s`` of its calls (the latest
-  attempt's: calls of earlier attempts of a requeued instance are left out).
-
-Task ages are on the task's *own* clock by default (``unthrottled``): the time the instance lost
-to throttling before a request (the ``pacer_wait_s`` of its successful calls, and for every other
-attempt the time until its next request: pacer wait, back-off, retry-after) is subtracted from
-the request's age and from the instance's duration. A curve is the *demand* of a task by age;
-fitted from wall-clock ages of a paced run it would show the pacer's throughput instead (tasks
-stretched by waiting ask less per second), and a planner sizing on it would over-launch.
-
-Only instances that ended naturally (``resolved``, ``unresolved``, ``error``) count: a running
-instance's duration is not known yet, and ``aborted``/``lost`` ones did not end on their own;
-both would bias survival. Instances that started before ``since`` or ended after ``until`` are
-left out for the same reason (their calls at some ages would be missing). ``FitWindow.dropped``
-says how many of each were left out. A call without ``task_age_s`` gets ``requested_at`` minus
-its instance's ``started_at`` (the claim time: boot included, so a slight over-estimate).
+"""Harness usage curves in the ledger: versioned ``harness_curves`` rows, the refit's output,
+and what the planner loop reads at every tick.
 
 Writing (``write_curve``): a new version per harness (1, 2, ...), with the sample count and fit
 quality. Concurrent writers are serialised per harness, so ``max(version) + 1`` is computed by one
@@ -33,19 +10,20 @@ unique (harness, version) constraint stays the backstop; a writer that still mee
 Reading: ``latest_curve`` (newest version, else the shipped default as version 0),
 ``list_versions``, and ``CurveCache`` for the planner loop: one ``max(version)`` query per tick,
 the params parsed again only when a newer version has landed.
+
+The refit's input (the ``llm_calls`` of a time window as the fit's tables) is
+``ledger.curve_window``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import numpy as np
-import pandas as pd
-from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, text
+from sqlalchemy import Connection, Engine, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -53,56 +31,14 @@ from evalfleet.errors import ConfigError, NotFound
 from ledger.clock import as_utc
 from ledger.db import is_postgresql, readonly, write_transaction
 from ledger.models import HarnessCurve as HarnessCurveRow
-from ledger.models import InstanceResult, LlmCall, Run
 from planner.curves import HarnessCurve, default_curve
-from planner.fit import CALL_COLUMNS
 
-#: Instance states whose ``finished_at`` is a natural end of the task.
-NATURAL_ENDS = ("resolved", "unresolved", "error")
-#: Calls whose implied task start is this much earlier than the latest one belong to an
-#: earlier attempt (clock jitter between requested_at and task_age_s stays far below it).
-ATTEMPT_GAP_S = 5.0
 MAX_HARNESS_LEN = 64
 MAX_SOURCE_LEN = 256
 _WRITE_ATTEMPTS = 5
 #: First key of the advisory locks serialising curve writers (the second is the harness's hash):
 #: a namespace of its own, so no other advisory lock of the ledger can collide with it.
 CURVE_LOCK_CLASS = 0x6376  # "cv"
-
-
-@dataclass(frozen=True)
-class FitWindow:
-    """What ``load_fit_window`` found: the fit tables and what was left out, and why."""
-
-    harness: str
-    since: datetime | None
-    until: datetime | None
-    calls: pd.DataFrame
-    instances: pd.DataFrame
-    dropped: Mapping[str, int] = field(default_factory=dict)
-    throttle_s: float = 0.0
-    unthrottled: bool = True
-
-    @property
-    def call_count(self) -> int:
-        return int(self.calls.shape[0])
-
-    @property
-    def instance_count(self) -> int:
-        return int(self.instances.shape[0])
-
-    def describe(self) -> dict[str, Any]:
-        """A JSON-able summary (what the CLI prints and the curve row stores as its window)."""
-        return {
-            "harness": self.harness,
-            "since": self.since.isoformat() if self.since else None,
-            "until": self.until.isoformat() if self.until else None,
-            "calls": self.call_count,
-            "instances": self.instance_count,
-            "dropped": dict(self.dropped),
-            "unthrottled": self.unthrottled,
-            "throttle_s_removed": round(self.throttle_s, 3),
-        }
 
 
 @dataclass(frozen=True)
@@ -130,208 +66,12 @@ class CurveVersion:
     fit_quality: Mapping[str, Any]
 
 
-def _check_harness(harness: str) -> None:
+def check_harness(harness: str) -> None:
+    """A harness name the ledger stores: 1-``MAX_HARNESS_LEN`` printable characters."""
     if not harness or len(harness) > MAX_HARNESS_LEN or not harness.isprintable():
         raise ConfigError(
             "--harness", [f"must be 1-{MAX_HARNESS_LEN} printable characters, got {harness!r}"]
         )
-
-
-def _check_window(since: datetime | None, until: datetime | None) -> None:
-    problems = []
-    for name, value in (("since", since), ("until", until)):
-        if value is not None and value.tzinfo is None:
-            problems.append(f"{name}: must be timezone-aware")
-    if not problems and since is not None and until is not None and since >= until:
-        problems.append(f"since ({since.isoformat()}) must be before until ({until.isoformat()})")
-    if problems:
-        raise ConfigError("time window", problems)
-
-
-def load_fit_window(
-    engine: Engine,
-    harness: str,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    *,
-    unthrottled: bool = True,
-) -> FitWindow:
-    """The ``fit_curve`` tables of ``harness`` for instances that ran inside [since, until).
-
-    See the module docstring for which calls and instances count, and for ``unthrottled``
-    (ages on the task's own clock, throttling time removed; False: the gateway's wall-clock
-    ages). ``since``/``until`` must be timezone-aware (None: unbounded). Never raises for an
-    empty window: the tables are empty.
-    """
-    _check_harness(harness)
-    _check_window(since, until)
-    harness_match = or_(
-        LlmCall.harness == harness, and_(LlmCall.harness.is_(None), Run.harness == harness)
-    )
-    query = (
-        select(
-            LlmCall.run_id,
-            LlmCall.instance_id,
-            LlmCall.requested_at,
-            LlmCall.task_age_s,
-            LlmCall.input_tokens,
-            LlmCall.cached_input_tokens,
-            LlmCall.output_tokens,
-            LlmCall.status,
-            LlmCall.pacer_wait_s,
-            InstanceResult.state,
-            InstanceResult.started_at,
-            InstanceResult.finished_at,
-        )
-        .join(Run, Run.id == LlmCall.run_id)
-        .join(
-            InstanceResult,
-            and_(
-                InstanceResult.run_id == LlmCall.run_id,
-                InstanceResult.instance_id == LlmCall.instance_id,
-            ),
-        )
-        .where(harness_match)
-    )
-    if since is not None:
-        query = query.where(LlmCall.requested_at >= since)
-    if until is not None:
-        query = query.where(LlmCall.requested_at < until)
-    with readonly(engine).connect() as conn:
-        rows = conn.execute(query).all()
-    return _window_from_rows(harness, since, until, rows, unthrottled=unthrottled)
-
-
-def _seconds(values: pd.Series) -> np.ndarray:
-    """Datetimes (naive = UTC, as SQLite returns them; or aware) as float seconds since the
-    epoch, NaN for None."""
-    stamps = pd.to_datetime(values, utc=True, format="mixed")
-    seconds = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
-    return np.asarray(seconds.to_numpy(dtype=np.float64, na_value=np.nan))
-
-
-_ROW_COLUMNS = [
-    "run_id",
-    "instance",
-    "requested_at",
-    "task_age_s",
-    "input_tokens",
-    "cached_input_tokens",
-    "output_tokens",
-    "status",
-    "pacer_wait_s",
-    "state",
-    "started_at",
-    "finished_at",
-]
-
-
-def _throttle_before(df: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
-    """Per row (sorted by instance, then request time): seconds the instance had lost to
-    throttling before this request; and per instance, the total lost.
-
-    A 200 lost its ``pacer_wait_s``; any other attempt lost the time until the instance's next
-    request (pacer wait, back-off and retry-after: an agent's calls are sequential)."""
-    ids = df["instance_id"].to_numpy()
-    req = df["req_s"].to_numpy()
-    same_next = np.zeros(ids.size, dtype=bool)
-    same_next[:-1] = ids[1:] == ids[:-1]
-    gap_next = np.zeros(ids.size)
-    gap_next[:-1] = req[1:] - req[:-1]
-    ok = df["status"].to_numpy() == 200
-    wait = np.nan_to_num(pd.to_numeric(df["pacer_wait_s"]).to_numpy(dtype=np.float64))
-    lost = np.where(ok, wait, np.where(same_next, gap_next, 0.0))
-    lost = np.maximum(lost, 0.0)
-    total = pd.Series(lost, index=df.index).groupby(df["instance_id"]).cumsum().to_numpy()
-    return total - lost, pd.Series(lost).groupby(ids).sum()
-
-
-def _window_from_rows(
-    harness: str,
-    since: datetime | None,
-    until: datetime | None,
-    rows: Sequence[Any],
-    *,
-    unthrottled: bool,
-) -> FitWindow:
-    df = pd.DataFrame([tuple(r) for r in rows], columns=_ROW_COLUMNS)
-    dropped = {
-        "calls_of_unfinished_instances": 0,
-        "calls_of_aborted_or_lost_instances": 0,
-        "calls_of_earlier_attempts": 0,
-        "instances_outside_window": 0,
-    }
-    empty_calls = pd.DataFrame(columns=list(CALL_COLUMNS))
-    empty_instances = pd.DataFrame(columns=["instance_id", "wall_time_s"])
-    if df.empty:
-        return FitWindow(harness, since, until, empty_calls, empty_instances, dropped)
-    ok = df["status"] == 200
-    natural = df["state"].isin(NATURAL_ENDS) & df["finished_at"].notna()
-    unfinished = df["finished_at"].isna() | ~df["state"].isin((*NATURAL_ENDS, "aborted", "lost"))
-    dropped["calls_of_unfinished_instances"] = int((unfinished & ok).sum())
-    dropped["calls_of_aborted_or_lost_instances"] = int((~natural & ~unfinished & ok).sum())
-    df = df[natural].copy()
-    if df.empty:
-        return FitWindow(harness, since, until, empty_calls, empty_instances, dropped)
-
-    df["instance_id"] = df["run_id"].astype(str) + "/" + df["instance"].astype(str)
-    df["req_s"] = _seconds(df["requested_at"])
-    started = _seconds(df["started_at"])
-    age = pd.to_numeric(df["task_age_s"], errors="coerce").to_numpy(dtype=np.float64)
-    age = np.where(np.isfinite(age), age, df["req_s"].to_numpy() - started)
-    df["age"] = np.maximum(age, 0.0)
-    df["origin"] = df["req_s"].to_numpy() - df["age"].to_numpy()
-    latest = df.groupby("instance_id")["origin"].transform("max")
-    current = df["origin"] >= latest - ATTEMPT_GAP_S
-    dropped["calls_of_earlier_attempts"] = int((~current & (df["status"] == 200)).sum())
-    df = df[current].sort_values(["instance_id", "req_s"], kind="stable", ignore_index=True)
-
-    df["end"] = _seconds(df["finished_at"])
-    per_instance = df.groupby("instance_id").agg(
-        origin=("origin", "min"), end=("end", "max"), last_age=("age", "max")
-    )
-    inside = np.ones(per_instance.shape[0], dtype=bool)
-    if since is not None:
-        inside &= per_instance["origin"].to_numpy() >= since.timestamp()
-    if until is not None:
-        inside &= per_instance["end"].to_numpy() <= until.timestamp()
-    dropped["instances_outside_window"] = int((~inside).sum())
-    per_instance = per_instance[inside]
-    df = df[df["instance_id"].isin(per_instance.index)].reset_index(drop=True)
-    lost_total = pd.Series(0.0, index=per_instance.index)
-    if unthrottled and not df.empty:
-        before, lost_total = _throttle_before(df)
-        df["age"] = np.maximum(df["age"].to_numpy() - before, 0.0)
-        lost_total = lost_total.reindex(per_instance.index, fill_value=0.0)
-    df = df[df["status"] == 200]
-    last_age = df.groupby("instance_id")["age"].max().reindex(per_instance.index, fill_value=0.0)
-    wall = np.maximum(
-        per_instance["end"].to_numpy() - per_instance["origin"].to_numpy() - lost_total.to_numpy(),
-        last_age.to_numpy(),
-    )
-    keep = per_instance.index.isin(df["instance_id"].unique())
-    instances = pd.DataFrame(
-        {"instance_id": per_instance.index.to_numpy()[keep], "wall_time_s": wall[keep]}
-    )
-    calls = pd.DataFrame(
-        {
-            "instance_id": df["instance_id"].to_numpy(),
-            "t_request_s": df["age"].to_numpy(dtype=np.float64),
-            "input_tokens": df["input_tokens"].to_numpy(dtype=np.int64),
-            "cached_input_tokens": df["cached_input_tokens"].to_numpy(dtype=np.int64),
-            "output_tokens": df["output_tokens"].to_numpy(dtype=np.int64),
-        }
-    ).sort_values(["instance_id", "t_request_s"], kind="stable", ignore_index=True)
-    return FitWindow(
-        harness,
-        since,
-        until,
-        calls,
-        instances,
-        dropped,
-        throttle_s=float(lost_total.sum()),
-        unthrottled=unthrottled,
-    )
 
 
 def write_curve(
@@ -348,7 +88,7 @@ def write_curve(
     the calls came from (e.g. ``ledger window 2026-...``). Concurrent writers get distinct
     versions: writers of one harness take turns (see the module docstring).
     """
-    _check_harness(curve.harness)
+    check_harness(curve.harness)
     problems = []
     if sample_count < 0:
         problems.append(f"sample_count: must be >= 0, got {sample_count}")
@@ -424,7 +164,7 @@ def _shipped(harness: str) -> StoredCurve:
 
 def read_version(engine: Engine, harness: str, version: int) -> StoredCurve:
     """One stored version (0: the shipped default); NotFound if there is no such version."""
-    _check_harness(harness)
+    check_harness(harness)
     if version == 0:
         return _shipped(harness)
     with Session(readonly(engine)) as session:
@@ -440,7 +180,7 @@ def read_version(engine: Engine, harness: str, version: int) -> StoredCurve:
 
 def latest_version(engine: Engine, harness: str) -> int:
     """The newest stored version number of ``harness`` (0 when none is stored)."""
-    _check_harness(harness)
+    check_harness(harness)
     with readonly(engine).connect() as conn:
         value = conn.execute(
             select(func.max(HarnessCurveRow.version)).where(HarnessCurveRow.harness == harness)
@@ -460,7 +200,7 @@ def latest_curve(engine: Engine, harness: str) -> StoredCurve:
 def list_versions(engine: Engine, harness: str | None = None) -> list[CurveVersion]:
     """Stored versions (all harnesses, or one), by harness then version."""
     if harness is not None:
-        _check_harness(harness)
+        check_harness(harness)
     query = select(
         HarnessCurveRow.harness,
         HarnessCurveRow.version,

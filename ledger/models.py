@@ -276,7 +276,7 @@ class PauseFlag(Base):
 
 THROTTLE_LIMITS_KEY = "throttle_limits"
 """Key of ``AliasObservation.limits`` holding the limits the last 429 stated (kept by the
-gateway's recorder until the next 429, read by ``ledger.pacer_state.fresh_header_limits``)."""
+gateway's recorder until the next 429, read by ``ledger.pacer_window.fresh_header_limits``)."""
 
 
 class AliasObservation(Base):

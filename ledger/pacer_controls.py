@@ -33,7 +33,7 @@ from gateway.pacer_local import token_class
 from ledger import controls
 from ledger.clock import as_utc
 from ledger.models import AliasObservation, PacerConfig, PacerConfigHistory
-from ledger.pacer_state import stated_limits
+from ledger.pacer_window import stated_limits
 from planner.budgets import Budgets, initial_state, rebase
 from planner.classify import LimitType
 

@@ -28,6 +28,9 @@ Usage: ``request`` enqueues a call and says whether it is admitted now (else a l
 its wait; ``inf`` means it waits for a release). ``poll(now)`` returns the calls admitted since
 the last poll (in admission order); ``next_ready_at(now)`` says when the head can go if
 nothing is released meanwhile. Pure: no clock reads, no I/O; time is seconds, non-decreasing.
+
+Re-exported here: the hold after a 429 (``planner.pacer_holds``) and the values the core takes
+and returns (``planner.pacer_types``).
 """
 
 from __future__ import annotations
@@ -37,8 +40,15 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from planner.budgets import BudgetClass, Budgets, TokenClass, header_classes
-from planner.classify import Classification, LimitType
+from planner.budgets import BudgetClass, Budgets, TokenClass
+from planner.pacer_holds import (
+    DAILY_HOLD_MAX_S,
+    EVERY_BUCKET,
+    HOLD_AFTER_429_S,
+    classes_to_hold,
+    hold_seconds,
+)
+from planner.pacer_types import Admission, CallEstimate, CallUsage, PacerUsage
 
 __all__ = [
     "AGEING_TOKENS_PER_S",
@@ -64,101 +74,6 @@ _EPS = 1e-9
 AGEING_TOKENS_PER_S = 300.0
 #: Weight of the last wait in the average of which bucket holds the head back (per wait).
 _BLOCKED_DECAY = 0.99
-#: Seconds of refill the pacer holds back after a 429 that states nothing of the provider's
-#: buckets (``PacerCore.hold``). Measured on the simulator over 32 random and 28 shipped-scenario
-#: runs: 2 s and 5 s both cut no-header 429s ~10x (``parametric-limit-drop`` rate 0.0031-0.0056
-#: to 0.0004) at no cost in makespan; 5 s also cleared one more random scenario.
-HOLD_AFTER_429_S = 5.0
-#: Longest the pacer holds an alias after a per-day limit's 429 (``LimitType.DAILY``): its
-#: retry-after, at most this; later 429s of the same day hold it again.
-DAILY_HOLD_MAX_S = 300.0
-
-
-#: Every bucket class of the pacer (what a 429 that states no remaining at all leaves empty).
-EVERY_BUCKET = frozenset({BudgetClass.REQUESTS, BudgetClass.TOKENS, BudgetClass.OUTPUT_TOKENS})
-
-
-def classes_to_hold(
-    view: Classification, *, token_class: TokenClass, has_output_budget: bool
-) -> frozenset[BudgetClass]:
-    """The budget classes whose provider bucket a throttling response left empty without
-    saying so: every class when the response states no remaining at all; else the classes the
-    429 names whose remaining it does not state (an output-token limit behind OpenAI-style
-    headers, which state requests and combined tokens only). The pacer holds them for
-    ``HOLD_AFTER_429_S`` of refill; the stated ones it mirrors (``observe_remaining``). A
-    per-day limit's 429 holds every bucket: every call is refused until that limit resets."""
-    if view.limit_type is LimitType.DAILY:
-        return EVERY_BUCKET
-    if not view.is_throttle:
-        return frozenset()
-    if not view.remaining:
-        return EVERY_BUCKET
-    if view.limit_type is LimitType.UNKNOWN:
-        return frozenset()
-
-    def budget_classes(values: Mapping[LimitType, float]) -> set[BudgetClass]:
-        return set(
-            header_classes(values, token_class=token_class, has_output_budget=has_output_budget)
-        )
-
-    hit = budget_classes({view.limit_type: 0.0})
-    if not hit and view.limit_type is LimitType.OUTPUT_TOKENS:
-        hit = {BudgetClass.TOKENS}  # no output budget: the token budget carries output
-    return frozenset(hit - budget_classes(view.remaining))
-
-
-def hold_seconds(view: Classification, after_429_s: float) -> float:
-    """Seconds of refill a throttling response holds ``classes_to_hold`` for: ``after_429_s``;
-    for a per-day limit its retry-after (at least ``after_429_s``), at most
-    ``DAILY_HOLD_MAX_S``."""
-    if view.limit_type is not LimitType.DAILY:
-        return after_429_s
-    wait = view.retry_after_s if view.retry_after_s is not None else after_429_s
-    return min(max(wait, after_429_s), DAILY_HOLD_MAX_S)
-
-
-@dataclass(frozen=True)
-class CallEstimate:
-    """What a call is admitted on: its input (split by cache) and its ``max_tokens``."""
-
-    input_uncached: int
-    input_cached: int = 0
-    max_output: int = 0
-
-    def __post_init__(self) -> None:
-        if min(self.input_uncached, self.input_cached, self.max_output) < 0:
-            raise ValueError(f"token counts must be >= 0: {self}")
-
-
-@dataclass(frozen=True)
-class CallUsage:
-    """What a finished call actually used, from the provider's response."""
-
-    input_uncached: int
-    input_cached: int = 0
-    output: int = 0
-
-
-@dataclass(frozen=True)
-class Admission:
-    """``admitted`` now, or not with ``wait_s``: a lower bound (``inf``: waits for a release)."""
-
-    admitted: bool
-    wait_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class PacerUsage:
-    """What the pacer admitted over a window: net charges (admission minus settlement refunds)
-    per class, the peak in-flight tokens, and the budgets' share used (``utilisation``)."""
-
-    start: float
-    end: float
-    calls: float
-    tokens: float
-    output_tokens: float
-    peak_inflight: float
-    utilisation: dict[BudgetClass, float]
 
 
 class _Bucket:

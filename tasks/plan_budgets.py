@@ -1,7 +1,7 @@
 """The planner loop's budget controller step: per alias, the ``planner.budgets`` state is loaded
 from the ledger (``ledger.pacer_state``), stepped with what the gateway recorded since the
-previous tick, and saved — so a restarted loop continues with the same budgets, cooldowns and
-429 memory.
+previous tick (``ledger.pacer_window``), and saved — so a restarted loop continues with the same
+budgets, cooldowns and 429 memory.
 
 * Seeding: the ``pacer_configs`` row (the operator's values in force and its seed and
   ``seeded_at``), else the alias file's seed; headers the provider stated within the staleness
@@ -43,7 +43,7 @@ from evalfleet.errors import NotFound
 from evalfleet.settings import get_settings
 from gateway.aliases import Alias, Aliases, load_aliases
 from gateway.pacer_local import seed_budgets, token_class
-from ledger import pacer_state
+from ledger import pacer_state, pacer_window
 from ledger.clock import as_utc
 from ledger.curves import CurveCache, StoredCurve
 from ledger.models import PacerConfig
@@ -139,7 +139,7 @@ def _seeded(
     conn: Connection, alias: Alias, row: PacerConfig | None, now: datetime, cfg: ControllerConfig
 ) -> BudgetState:
     """A fresh controller state from the ``pacer_configs`` row, else the alias file's seed."""
-    headers = pacer_state.fresh_header_limits(
+    headers = pacer_window.fresh_header_limits(
         conn, alias.name, now - timedelta(seconds=cfg.stale_after_s)
     )
     if row is None:
@@ -209,7 +209,7 @@ def _prior(
         state = _seeded(conn, alias, row, now, cfg)
         since = now - timedelta(seconds=cfg.stale_after_s)
         return _Prior(
-            state, pacer_state.latest_call_id(conn), since, cfg.window_s, 1.0, 1.0, now, None
+            state, pacer_window.latest_call_id(conn), since, cfg.window_s, 1.0, 1.0, now, None
         )
     state = stored.state
     if stored.config_version != version:  # an operator edited the pacer
@@ -298,14 +298,14 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             version = row.version if row is not None else 0
             prior = _prior(conn, alias, row, version, now, cfg)
             state = prior.state
-            window = pacer_state.read_window(
+            window = pacer_window.read_window(
                 conn,
                 name,
                 prior.after_id,
                 token_class=state.token_class,
                 cached_input_counts=state.cached_input_counts,
             )
-            headers = pacer_state.fresh_header_limits(conn, name, prior.since)
+            headers = pacer_window.fresh_header_limits(conn, name, prior.since)
             counting, counts = advance(
                 conn,
                 name,
@@ -316,7 +316,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             )
             previous = pacer_state.previous_decision(conn, name)
             delivered = (
-                pacer_state.accepted_rates(
+                pacer_window.accepted_rates(
                     conn,
                     name,
                     now - timedelta(seconds=cfg.cooldown_s),
@@ -386,7 +386,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
 
 
 def _smoothed(
-    progress: float, window: pacer_state.WindowCalls, curve: HarnessCurve, window_s: float
+    progress: float, window: pacer_window.WindowCalls, curve: HarnessCurve, window_s: float
 ) -> float:
     """The fleet's progress, smoothed over about one task lifetime (as ``sim.planner_policy``):
     1 / (1 + pacer wait per call / a task's mean gap between calls)."""

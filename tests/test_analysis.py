@@ -27,7 +27,8 @@ from analysis.timeline import (
     timeline_figures,
 )
 from evalfleet.errors import ConfigError, NotFound
-from ledger.curves import latest_curve, load_fit_window
+from ledger.curve_window import load_fit_window
+from ledger.curves import latest_curve
 from ledger.models import AuditLog, InstanceResult, LlmCall, PlannerDecision
 from planner.curves import default_curve
 from planner.decision import Binding

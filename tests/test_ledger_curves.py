@@ -1,6 +1,6 @@
-"""ledger.curves: the refit's window (which calls and instances count, ages on the task's own
-clock), versioned curve writes, latest/list, the planner's per-tick cache, and recovery of a known
-curve through the ledger and ``evalfleet curves fit --write``."""
+"""ledger.curve_window and ledger.curves: the refit's window (which calls and instances count,
+ages on the task's own clock), versioned curve writes, latest/list, the planner's per-tick cache,
+and recovery of a known curve through the ledger and ``evalfleet curves fit --write``."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from analysis.simfill import write_call_frames
 from evalfleet.cli import main
 from evalfleet.errors import ConfigError, NotFound
 from evalfleet.settings import get_settings
+from ledger.curve_window import load_fit_window
 from ledger.curves import (
     CurveCache,
     latest_curve,
     latest_version,
     list_versions,
-    load_fit_window,
     read_version,
     write_curve,
 )

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine, select, update
 
 from evalfleet.errors import ConfigError
-from ledger import pacer_state
+from ledger import pacer_state, pacer_window
 from ledger.models import PacerState, PlannerDecision
 from planner.budgets import BudgetClass, ControllerActions
 from planner.sizing import OverdriveConfig, hold_overdrive
@@ -63,7 +63,7 @@ def window_use(eng: Engine, budget_class: str) -> float:
     """The share of the saturating budget the calls since the last tick used (over one tick)."""
     s = stored(eng)
     with eng.connect() as conn:
-        window = pacer_state.read_window(
+        window = pacer_window.read_window(
             conn,
             ALIAS,
             s.last_call_id,

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from evalfleet.errors import ConfigError
 from evalfleet.settings import get_settings
-from ledger import pacer_state
+from ledger import pacer_state, pacer_window
 from ledger.controls import control_session, set_ceiling_override
 from ledger.db import make_engine
 from ledger.migrate import upgrade
@@ -579,8 +579,8 @@ def test_a_limit_only_a_429_states_survives_later_successes(plan_ledger: Engine)
     asyncio.run(record())
     with plan_ledger.connect() as conn:
         row = conn.execute(select(AliasObservation).where(AliasObservation.alias == ALIAS)).one()
-        since_before = pacer_state.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=15))
-        since_after = pacer_state.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=6))
+        since_before = pacer_window.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=15))
+        since_after = pacer_window.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=6))
     assert row.status == 200 and row.last_limit_type == "output_tokens"
     assert since_before == {LimitType.REQUESTS: 4000.0, LimitType.OUTPUT_TOKENS: 90000.0}
     # a tick after the 429 was stepped sees only what the latest headers state
@@ -592,7 +592,7 @@ def test_a_limit_only_a_429_states_survives_later_successes(plan_ledger: Engine)
     asyncio.run(restarted.flush())
     with plan_ledger.connect() as conn:
         row = conn.execute(select(AliasObservation).where(AliasObservation.alias == ALIAS)).one()
-        after_restart = pacer_state.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=15))
+        after_restart = pacer_window.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=15))
     assert row.last_limit_type == "output_tokens" and after_restart == since_before
 
     # the same within one flush interval: the success replaces the 429 before any write
@@ -600,7 +600,7 @@ def test_a_limit_only_a_429_states_survives_later_successes(plan_ledger: Engine)
     recorder.observe(success(T0 + timedelta(seconds=1)))
     asyncio.run(recorder.flush())
     with plan_ledger.connect() as conn:
-        limits = pacer_state.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=1))
+        limits = pacer_window.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=1))
     assert limits is not None and limits[LimitType.OUTPUT_TOKENS] == 90000.0
 
 

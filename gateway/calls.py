@@ -1,0 +1,156 @@
+"""One harness call as the gateway tracks it while in flight (``Call``), and what the gateway
+keeps of calls (``CallBook``): per instance, when it first saw it (the task's age when the
+harness sends no start time) and its previous prompt (the cached part of the pacer's estimate,
+since agents resend their history); per call, its ``llm_calls`` row and the alias's latest
+rate-limit headers (``alias_observations``), handed to the recorder to write in batches.
+
+Kept apart from the call path (``gateway.app``), which decides what happens to a call, so that
+what is remembered and recorded about it reads in one place.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+
+from gateway.aliases import Alias
+from gateway.pacing import CallEstimate, Permit
+from gateway.recorder import CallRecorder, Observation
+from gateway.spend import Reservation
+from gateway.wire import CallUsage, passthrough_headers
+from planner.classify import LimitType
+
+__all__ = ["Call", "CallBook"]
+
+
+@dataclass
+class Call:
+    """What the gateway knows about one harness call while it is in flight."""
+
+    alias: Alias
+    flavour: str
+    reservation: Reservation
+    instance: str | None
+    harness: str | None
+    task_age_s: float | None
+    requested_at: datetime
+    input_estimate: int
+    max_tokens: int
+    permit: Permit | None = None
+    settled: bool = False
+    usage: CallUsage = field(default_factory=CallUsage)
+
+
+class CallBook:
+    """The gateway's memory of instances (bounded: the oldest are forgotten) and its records of
+    their calls."""
+
+    def __init__(self, recorder: CallRecorder, clock: Callable[[], float]) -> None:
+        self._recorder = recorder
+        self._clock = clock
+        self._first_seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._last_input: OrderedDict[tuple[str, str], int] = OrderedDict()
+
+    def estimate(self, call: Call) -> CallEstimate:
+        """The pacer's estimate: the cached part is the instance's previous prompt (agents
+        resend their history), the rest uncached; output ``max_tokens``."""
+        key = (call.reservation.run_id, call.instance or "")
+        cached = 0
+        if call.instance is not None:
+            cached = min(call.input_estimate, self._last_input.get(key, 0))
+            self._last_input[key] = call.input_estimate
+            self._last_input.move_to_end(key)
+            while len(self._last_input) > 200_000:
+                self._last_input.popitem(last=False)
+        return CallEstimate(
+            input_uncached=call.input_estimate - cached,
+            input_cached=cached,
+            max_output=call.max_tokens,
+        )
+
+    def task_age(self, request: Request, run_id: str, instance: str | None) -> float | None:
+        """Seconds since the task started: its ``x-evalfleet-task-started-at``, else since the
+        gateway first saw the instance (None for a call of no instance)."""
+        now = self._clock()
+        started = request.headers.get("x-evalfleet-task-started-at")
+        if started is not None:
+            try:
+                return max(0.0, now - float(started))
+            except ValueError:
+                pass
+        if instance is None:
+            return None
+        key = (run_id, instance)
+        first = self._first_seen.setdefault(key, now)
+        self._first_seen.move_to_end(key)
+        while len(self._first_seen) > 200_000:
+            self._first_seen.popitem(last=False)
+        return now - first
+
+    def record(self, call: Call, status: int, latency_s: float, limit: str | None) -> int:
+        """Queue the attempt's ``llm_calls`` row (usage and cost of a 200 only); its cost."""
+        usage = call.usage if status == 200 else CallUsage()
+        cost = call.alias.prices.cost_micro_usd(usage.uncached, usage.input_cached, usage.output)
+        self._recorder.record(
+            {
+                "run_id": call.reservation.run_id,
+                "instance_id": call.instance,
+                "alias": call.alias.name,
+                "harness": call.harness,
+                "requested_at": call.requested_at,
+                "task_age_s": call.task_age_s,
+                "input_tokens": usage.input_total,
+                "cached_input_tokens": usage.input_cached,
+                "output_tokens": usage.output,
+                "latency_s": latency_s,
+                "pacer_wait_s": call.permit.waited_s if call.permit else 0.0,
+                "status": status,
+                "limit_type": limit,
+                "cost_micro_usd": cost,
+            }
+        )
+        return cost
+
+    def observe(
+        self,
+        call: Call,
+        upstream: httpx.Response,
+        limit_type: LimitType,
+        limits: Any,
+        remaining: Any,
+    ) -> None:
+        """Keep the alias's latest rate-limit headers, and what a 429 stated, for the planner."""
+        headers = {
+            k: v for k, v in passthrough_headers(upstream.headers).items() if "ratelimit" in k
+        }
+        if not headers:
+            return
+        limited = limit_type not in (LimitType.NONE, LimitType.OVERLOAD)
+        now = datetime.now(UTC)
+        self._recorder.observe(
+            Observation(
+                alias=call.alias.name,
+                observed_at=now,
+                status=upstream.status_code,
+                headers=headers,
+                limits=(
+                    {
+                        "limits": {str(k): v for k, v in limits.items()},
+                        "remaining": {str(k): v for k, v in (remaining or {}).items()},
+                    }
+                    if limits
+                    else {}
+                ),
+                last_limit_type=limit_type.value if limited else None,
+                last_limited_at=now if limited else None,
+                throttle_limits=(
+                    {str(k): float(v) for k, v in limits.items()} if limited and limits else {}
+                ),
+            )
+        )

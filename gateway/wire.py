@@ -1,0 +1,132 @@
+"""What the gateway reads and writes on the wire, per flavour (``openai``, ``anthropic``):
+the gateway key a harness presents, errors in each flavour's own shape (which the SDKs turn
+into their exception types), the provider headers a harness's SDK reads, and a call's token
+usage from a response body or a streamed event.
+
+Kept apart from the gateway's call path (``gateway.app``): these are the two APIs' formats,
+stateless functions of a request, a body or headers, with no pacing, spend or ledger in them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+__all__ = [
+    "PASS_HEADERS",
+    "PASS_PREFIXES",
+    "CallUsage",
+    "bad_request",
+    "error_response",
+    "passthrough_headers",
+    "presented_key",
+    "unauthorized",
+    "usage_from_body",
+]
+
+PASS_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry", "request-id", "x-request-id")
+PASS_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+
+
+def error_response(
+    flavour: str,
+    status: int,
+    etype: str,
+    message: str,
+    *,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """An error in the flavour's own shape (the SDKs turn it into their exception types)."""
+    body: dict[str, Any]
+    if flavour == "anthropic":
+        body = {"type": "error", "error": {"type": etype, "message": message}}
+    else:
+        body = {"error": {"message": message, "type": etype, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def passthrough_headers(headers: httpx.Headers) -> dict[str, str]:
+    """The provider headers a harness's SDK reads: rate limits, retry-after, request id."""
+    out = {}
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in PASS_HEADERS or lower.startswith(PASS_PREFIXES):
+            out[lower] = value
+    return out
+
+
+@dataclass
+class CallUsage:
+    """Tokens of a finished call by class."""
+
+    input_total: int = 0
+    input_cached: int = 0
+    output: int = 0
+
+    @property
+    def uncached(self) -> int:
+        return max(0, self.input_total - self.input_cached)
+
+
+def usage_from_body(flavour: str, body: Any, usage: CallUsage) -> None:
+    """Fill ``usage`` from a response body or one streamed event (either flavour)."""
+    if not isinstance(body, dict):
+        return
+    if flavour == "openai":
+        u = body.get("usage")
+        if isinstance(u, dict):
+            usage.input_total = int(u.get("prompt_tokens") or 0)
+            usage.output = int(u.get("completion_tokens") or 0)
+            details = u.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                usage.input_cached = int(details.get("cached_tokens") or 0)
+        return
+    u = body.get("usage")
+    if body.get("type") == "message_start" and isinstance(body.get("message"), dict):
+        u = body["message"].get("usage")
+    if not isinstance(u, dict):
+        return
+    if "input_tokens" in u:
+        cached = int(u.get("cache_read_input_tokens") or 0)
+        created = int(u.get("cache_creation_input_tokens") or 0)
+        usage.input_cached = cached
+        usage.input_total = int(u.get("input_tokens") or 0) + cached + created
+    if "output_tokens" in u:
+        usage.output = int(u.get("output_tokens") or 0)
+
+
+def presented_key(request: Request) -> str | None:
+    """The gateway key the harness sent (``Authorization: Bearer`` or ``x-api-key``)."""
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer ") and auth[7:].strip():
+        return auth[7:].strip()
+    key = request.headers.get("x-api-key", "").strip()
+    return key or None
+
+
+def unauthorized(flavour: str, message: str) -> JSONResponse:
+    """A 401 the SDK does not retry: no gateway key, or one unknown, revoked or expired."""
+    return error_response(
+        flavour,
+        401,
+        "authentication_error" if flavour == "anthropic" else "invalid_request_error",
+        message,
+        code="invalid_api_key",
+        headers={"x-should-retry": "false"},
+    )
+
+
+def bad_request(flavour: str, message: str) -> JSONResponse:
+    """A 400 the SDK does not retry."""
+    return error_response(
+        flavour,
+        400,
+        "invalid_request_error",
+        message,
+        headers={"x-should-retry": "false"},
+    )

@@ -1,0 +1,241 @@
+"""What the gateway recorded for an alias since the planner's last tick, read from the ledger.
+
+* ``read_window``: the ``llm_calls`` of one alias after the watermark id — 429s by limit type,
+  overloads, spend errors (and the runs they hit), the counted usage of each budget class, the
+  pacer wait — as ``WindowCalls``; ``latest_call_id`` starts the watermark;
+* ``accepted_rates``: what the provider accepted over a time span (a repeated cut's measure);
+* ``fresh_header_limits``: the provider's latest stated limits when they were observed after the
+  previous tick (an old observation must not keep a stale seed looking fresh);
+  ``stated_limits`` / ``stated_remaining`` read such stored limits back.
+
+The window is an id watermark, not a time range: the gateway's recorder writes calls in
+batches, so a call requested before a tick can land after it, and a time range would miss it.
+(An id taken by a batch that commits after a later id was read is missed; batches commit
+within milliseconds, so that is rare and costs one observation, never a wrong cut.)
+
+Kept apart from the controller's own rows (``ledger.pacer_state``): these are reads of what the
+gateway wrote (``llm_calls``, ``alias_observations``), and the charges and pacer controls read
+the stated limits without the controller's state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from ledger.clock import as_utc
+from ledger.models import THROTTLE_LIMITS_KEY, AliasObservation, LlmCall
+from planner.budgets import BudgetClass, Budgets, TokenClass
+from planner.classify import LimitType
+
+__all__ = [
+    "WindowCalls",
+    "accepted_rates",
+    "fresh_header_limits",
+    "latest_call_id",
+    "read_window",
+    "stated_limits",
+    "stated_remaining",
+]
+
+_RATE_TYPES = {
+    LimitType.REQUESTS.value,
+    LimitType.TOKENS.value,
+    LimitType.INPUT_TOKENS.value,
+    LimitType.OUTPUT_TOKENS.value,
+    LimitType.DAILY.value,  # the controller backs off on it, cutting nothing
+    LimitType.UNKNOWN.value,
+}
+_OVERLOAD_STATUS = (503, 529)
+
+
+@dataclass(frozen=True)
+class WindowCalls:
+    """What the gateway recorded for one alias after the watermark (``llm_calls`` rows)."""
+
+    calls: int
+    throttles: tuple[LimitType, ...]
+    overloads: int
+    spend_errors: int
+    spend_runs: tuple[str, ...]
+    usage: Mapping[BudgetClass, float]  # summed over the window (in-flight: token-seconds)
+    last_call_id: int
+    pacer_wait_s: float = 0.0  # summed over the window's calls
+
+    def stretch_progress(self, mean_gap_s: float) -> float | None:
+        """1 / (1 + pacer wait per call / a task's mean gap between calls); None: no calls."""
+        if self.calls == 0 or mean_gap_s <= 0 or not math.isfinite(mean_gap_s):
+            return None
+        return 1.0 / (1.0 + (self.pacer_wait_s / self.calls) / mean_gap_s)
+
+    def utilisation(self, budgets: Budgets, window_s: float) -> dict[BudgetClass, float]:
+        """Share of each budget the window used (rates over ``window_s``)."""
+        out: dict[BudgetClass, float] = {}
+        for cls in budgets.classes():
+            budget = budgets.get(cls)
+            if budget is not None and budget > 0 and window_s > 0:
+                out[cls] = self.usage.get(cls, 0.0) / window_s / budget
+        return out
+
+
+def latest_call_id(conn: Connection) -> int:
+    """The newest ``llm_calls`` id (0 when there is none)."""
+    return int(conn.execute(select(func.max(LlmCall.id))).scalar_one() or 0)
+
+
+def _counted_tokens(token_class: TokenClass, cached_input_counts: bool) -> Any:
+    """The SQL expression of a call's tokens in the alias's counted token class."""
+    counted: Any = LlmCall.input_tokens - LlmCall.cached_input_tokens
+    if cached_input_counts:
+        counted = counted + LlmCall.cached_input_tokens
+    if token_class == "combined":
+        counted = counted + LlmCall.output_tokens
+    return counted
+
+
+def accepted_rates(
+    conn: Connection,
+    alias: str,
+    since: datetime,
+    until: datetime,
+    *,
+    token_class: TokenClass,
+    cached_input_counts: bool,
+) -> dict[BudgetClass, float]:
+    """What the provider accepted for ``alias`` between ``since`` and ``until`` (successful
+    calls requested then), per budget class, per second: the measurement a repeated 429 cut
+    reads (``WindowObservation.delivered``)."""
+    span = (until - since).total_seconds()
+    if span <= 0:
+        return {}
+    zero = 0
+    row = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(_counted_tokens(token_class, cached_input_counts)), zero),
+            func.coalesce(func.sum(LlmCall.output_tokens), zero),
+        ).where(
+            LlmCall.alias == alias,
+            LlmCall.status == 200,
+            LlmCall.requested_at >= since,
+            LlmCall.requested_at <= until,
+        )
+    ).one()
+    return {
+        BudgetClass.REQUESTS: float(row[0]) / span,
+        BudgetClass.TOKENS: float(row[1]) / span,
+        BudgetClass.OUTPUT_TOKENS: float(row[2]) / span,
+    }
+
+
+def read_window(
+    conn: Connection,
+    alias: str,
+    after_id: int,
+    *,
+    token_class: TokenClass,
+    cached_input_counts: bool,
+) -> WindowCalls:
+    """Aggregate the alias's ``llm_calls`` with id > ``after_id``."""
+    ok = LlmCall.status == 200
+    counted = _counted_tokens(token_class, cached_input_counts)
+    zero = 0
+
+    def ok_sum(expr: Any) -> Any:
+        return func.coalesce(func.sum(func.coalesce(expr, zero)).filter(ok), zero)
+
+    base = (LlmCall.alias == alias, LlmCall.id > after_id)
+    agg = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.max(LlmCall.id), after_id),
+            ok_sum(counted),
+            ok_sum(LlmCall.output_tokens),
+            ok_sum((LlmCall.input_tokens + LlmCall.output_tokens) * LlmCall.latency_s),
+            func.coalesce(func.sum(LlmCall.pacer_wait_s), 0.0),
+        ).where(*base)
+    ).one()
+    errors = conn.execute(
+        select(LlmCall.status, LlmCall.limit_type, LlmCall.run_id, func.count())
+        .where(*base, LlmCall.status != 200)
+        .group_by(LlmCall.status, LlmCall.limit_type, LlmCall.run_id)
+    ).all()
+    throttles: list[LimitType] = []
+    overloads = spend = 0
+    spend_runs: set[str] = set()
+    for status, limit_type, run_id, n in errors:
+        if limit_type == LimitType.SPEND.value:
+            spend += int(n)
+            if run_id:
+                spend_runs.add(run_id)
+        elif limit_type == LimitType.OVERLOAD.value or status in _OVERLOAD_STATUS:
+            overloads += int(n)
+        elif status == 429 and limit_type in _RATE_TYPES:
+            throttles.extend([LimitType(limit_type)] * int(n))
+        elif status == 429:
+            throttles.extend([LimitType.UNKNOWN] * int(n))
+    return WindowCalls(
+        calls=int(agg[0]),
+        throttles=tuple(throttles),
+        overloads=overloads,
+        spend_errors=spend,
+        spend_runs=tuple(sorted(spend_runs)),
+        usage={
+            BudgetClass.REQUESTS: float(agg[0]),
+            BudgetClass.TOKENS: float(agg[2]),
+            BudgetClass.OUTPUT_TOKENS: float(agg[3]),
+            BudgetClass.INFLIGHT: float(agg[4]),
+        },
+        last_call_id=int(agg[1]),
+        pacer_wait_s=float(agg[5]),
+    )
+
+
+def fresh_header_limits(
+    conn: Connection, alias: str, since: datetime | None
+) -> dict[LimitType, float] | None:
+    """The provider's stated limits (per minute) for ``alias`` when observed after ``since``:
+    the latest response's headers, plus what a 429 since then stated that they do not (a limit
+    only a 429's message names, as OpenAI's output-token limit, is in no success's headers)."""
+    row = conn.execute(
+        select(
+            AliasObservation.observed_at,
+            AliasObservation.limits,
+            AliasObservation.last_limited_at,
+        ).where(AliasObservation.alias == alias)
+    ).first()
+    if row is None or (since is not None and as_utc(row[0]) <= since):
+        return None
+    stored = row[1] if isinstance(row[1], dict) else {}
+    limits = stated_limits(stored.get("limits"))
+    limited_at = row[2]
+    if limited_at is not None and (since is None or as_utc(limited_at) > since):
+        for limit_type, value in stated_limits(stored.get(THROTTLE_LIMITS_KEY)).items():
+            limits.setdefault(limit_type, value)
+    return limits or None
+
+
+def stated_limits(raw: Any) -> dict[LimitType, float]:
+    """Positive numeric limits by known limit type (anything else in the JSON is ignored)."""
+    return {k: v for k, v in _stated(raw).items() if v > 0}
+
+
+def stated_remaining(raw: Any) -> dict[LimitType, float]:
+    """Non-negative remaining values by known limit type (0 is a value: an empty bucket)."""
+    return {k: v for k, v in _stated(raw).items() if v >= 0}
+
+
+def _stated(raw: Any) -> dict[LimitType, float]:
+    if not isinstance(raw, dict):
+        return {}
+    known = {t.value for t in LimitType}
+    return {
+        LimitType(k): float(v)
+        for k, v in raw.items()
+        if k in known and isinstance(v, int | float) and not isinstance(v, bool)
+    }
