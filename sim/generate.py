@@ -2,8 +2,10 @@
 
 Owns one function, ``random_scenario(seed)``: a valid ``Scenario`` drawn from the space the
 benchmark may be run on — trace or parametric harness, header style (anthropic, openai, none),
-combined or split token limits, cache reads counted or not, a binding token or request limit,
-sometimes a limit drop mid-run (harness, header style and binding limit cycle with the seed), an alias seed that is off (0.6-1.4x of the truth), sometimes
+combined or split token limits, cache reads counted or not, a binding token, output-token or
+request limit (output on seeds 2 and 5 mod 8, requests on 3 mod 4), sometimes a limit drop
+mid-run (harness, header style and binding limit cycle with the seed), an alias seed that is
+off (0.6-1.4x of the truth), sometimes
 stale, sometimes a task cap. The limits are set from the drawn workload so that the run is
 limit-bound, not tail-bound: the physical lower bound is ``bound_factor`` x the longest
 instance (the planner's 1.20 target is not meant for tail-dominated runs, see
@@ -53,7 +55,7 @@ def random_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
     style = ("anthropic", "openai", "none")[seed % 3]
     combined = style == "openai" or (style == "none" and rng.random() < 0.5)
     counts = bool(rng.random() < 0.5)
-    binding = "requests" if seed % 4 == 3 else "tokens"
+    binding = "requests" if seed % 4 == 3 else ("output" if seed % 8 in (2, 5) else "tokens")
     provider: dict[str, Any] = {
         "headers": style,
         "cached_input_counts": counts,
@@ -82,22 +84,29 @@ def random_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
         "tok": totals[token_key] / target_s * 60.0,
         "out": totals["output_tokens"] / target_s * 60.0,
     }
+    biggest = {k.value: math.ceil(v) for k, v in largest_calls(scenario, workload).items()}
+    if binding == "output" and need["out"] < 2.0 * biggest["output_tokens"]:
+        # an output limit that binds at 3.5x the longest instance would hold fewer than two
+        # of the largest calls (the trace's run to 65,536 output tokens): each of them would
+        # need the provider's whole bucket, which no pacing can share. The tokens bind instead
+        binding = "tokens"
     slack = {k: float(rng.uniform(1.5, 3.0)) for k in need}
-    slack["rpm" if binding == "requests" else "tok"] = 1.0
+    slack[{"requests": "rpm", "output": "out"}.get(binding, "tok")] = 1.0
     limits = {k: max(1, int(v * slack[k])) for k, v in need.items()}
     # every call must fit every limit on its own, after a drop too: a call larger than a
     # per-minute limit is never admitted and no policy could finish (the trace holds calls of
     # 65,536 output tokens)
-    biggest = {k.value: math.ceil(v) for k, v in largest_calls(scenario, workload).items()}
     fits = {"rpm": 1, "out": biggest["output_tokens"], "tok": biggest[token_key]}
     provider["rpm"] = limits["rpm"]
-    provider["output_tpm"] = max(limits["out"], 20_000, fits["out"])
+    provider["output_tpm"] = max(limits["out"], fits["out"], 1 if binding == "output" else 20_000)
     provider["tpm" if combined else "input_tpm"] = max(limits["tok"], fits["tok"])
     if rng.random() < 0.3:
         # the binding limit drops to 60-80% a third of the way in; the bound stays >= target
-        key = "rpm" if binding == "requests" else ("tpm" if combined else "input_tpm")
+        key = {"requests": "rpm", "output": "output_tpm"}.get(
+            binding, "tpm" if combined else "input_tpm"
+        )
         drop = float(rng.uniform(0.6, 0.8))
-        floor = fits["rpm" if key == "rpm" else "tok"]
+        floor = fits[{"rpm": "rpm", "output_tpm": "out"}.get(key, "tok")]
         dropped = max(int(provider[key] * drop), floor)
         provider["changes"] = [{"at_s": round(target_s / 3), key: dropped}]
     off = float(rng.uniform(0.6, 1.4))
@@ -105,7 +114,10 @@ def random_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
     draft["alias_config"] = {
         "calls_per_s": round(limits["rpm"] / 60.0 * float(rng.uniform(0.6, 1.4)), 3),
         "tokens_per_s": round(tokens_s, 1),
-        "output_tokens_per_s": round(provider["output_tpm"] / 60.0, 1),
+        # the output seed is the truth unless the output limit binds (then it is off too)
+        "output_tokens_per_s": round(
+            provider["output_tpm"] / 60.0 * (off if binding == "output" else 1.0), 1
+        ),
         "inflight_tokens": round(tokens_s * 120.0, 0),
         "cached_input_counts": counts,
         "seeded_hours_ago": 10.0 if rng.random() < 0.2 else 1.0,

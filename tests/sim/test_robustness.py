@@ -2,8 +2,8 @@
 
 ``sim.generate.random_scenario`` draws the harness (trace or parametric), header style
 (anthropic, openai, none), split or combined token limits, cache reads counted or not, a
-binding token or request limit, sometimes a limit drop, a stale or off seed (0.6-1.4x), caps,
-200-500 instances — with the lower bound >= 3.5x the longest instance (not tail-bound). Every
+binding token, output-token or request limit, sometimes a limit drop, a stale or off seed
+(0.6-1.4x), caps, 200-500 instances — with the lower bound >= 3.5x the longest instance (not tail-bound). Every
 default policy runs (planner, aimd, fixed:N*/2, N*, 2N*) and the issue's targets are checked:
 planner ratio <= 1.20, rate_429 <= 0.005, and against each baseline B: makespan <= 1.05x B's,
 and wherever it is not >= 5% faster, at most a tenth of B's 429s or at most 0.1% of its calls.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 
+from planner.classify import LimitType
 from sim.bench import run_scenario
 from sim.generate import random_scenario
 from sim.metrics import lower_bound
@@ -34,11 +35,16 @@ def test_generated_scenarios_are_limit_bound_and_varied() -> None:
     assert {s.harness.trace is None for s in scenarios} == {True, False}
     assert {s.provider.tpm is None for s in scenarios} == {True, False}
     assert random_scenario(3) == random_scenario(3)
+    binding = set()
     for sc in scenarios:
         assert 200 <= sc.instances <= 500
         w = build_workload(sc)
         bound = lower_bound(sc, w)
         assert bound.seconds >= 3.0 * float(w.durations().max()), sc.name
+        binding.add(bound.binding_class)
+    # every kind of limit binds somewhere: requests, output tokens, input or combined tokens
+    assert binding >= {LimitType.REQUESTS, LimitType.OUTPUT_TOKENS}
+    assert binding & {LimitType.TOKENS, LimitType.INPUT_TOKENS}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
