@@ -5,8 +5,7 @@ benchmark may be run on — trace or parametric harness, header style (anthropic
 combined or split token limits, cache reads counted or not, a binding token, output-token or
 request limit (output on seeds 2 and 5 mod 8, requests on 3 mod 4), sometimes a limit drop
 mid-run (harness, header style and binding limit cycle with the seed), an alias seed that is
-off (0.6-1.4x of the truth), sometimes
-stale, sometimes a task cap. The limits are set from the drawn workload so that the run is
+off (0.6-1.4x of the truth), sometimes stale, sometimes a task cap. The limits are set from the drawn workload so that the run is
 limit-bound, not tail-bound: the physical lower bound is ``bound_factor`` x the longest
 instance (the planner's 1.20 target is not meant for tail-dominated runs, see
 docs/bench-planner.md). Deterministic for a seed; nothing here is tuned to the planner.
@@ -90,24 +89,23 @@ def random_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
         # of the largest calls (the trace's run to 65,536 output tokens): each of them would
         # need the provider's whole bucket, which no pacing can share. The tokens bind instead
         binding = "tokens"
+    bound_key = {"requests": "rpm", "output": "out"}.get(binding, "tok")
     slack = {k: float(rng.uniform(1.5, 3.0)) for k in need}
-    slack[{"requests": "rpm", "output": "out"}.get(binding, "tok")] = 1.0
+    slack[bound_key] = 1.0
     limits = {k: max(1, int(v * slack[k])) for k, v in need.items()}
     # every call must fit every limit on its own, after a drop too: a call larger than a
     # per-minute limit is never admitted and no policy could finish (the trace holds calls of
     # 65,536 output tokens)
     fits = {"rpm": 1, "out": biggest["output_tokens"], "tok": biggest[token_key]}
     provider["rpm"] = limits["rpm"]
-    provider["output_tpm"] = max(limits["out"], fits["out"], 1 if binding == "output" else 20_000)
+    # an output limit with room is at least 20,000 per minute; a binding one is what it needs
+    provider["output_tpm"] = max(limits["out"], fits["out"], 1 if bound_key == "out" else 20_000)
     provider["tpm" if combined else "input_tpm"] = max(limits["tok"], fits["tok"])
     if rng.random() < 0.3:
         # the binding limit drops to 60-80% a third of the way in; the bound stays >= target
-        key = {"requests": "rpm", "output": "output_tpm"}.get(
-            binding, "tpm" if combined else "input_tpm"
-        )
+        key = {"rpm": "rpm", "out": "output_tpm"}.get(bound_key, "tpm" if combined else "input_tpm")
         drop = float(rng.uniform(0.6, 0.8))
-        floor = fits[{"rpm": "rpm", "output_tpm": "out"}.get(key, "tok")]
-        dropped = max(int(provider[key] * drop), floor)
+        dropped = max(int(provider[key] * drop), fits[bound_key])
         provider["changes"] = [{"at_s": round(target_s / 3), key: dropped}]
     off = float(rng.uniform(0.6, 1.4))
     tokens_s = limits["tok"] / 60.0 * off
@@ -116,7 +114,7 @@ def random_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
         "tokens_per_s": round(tokens_s, 1),
         # the output seed is the truth unless the output limit binds (then it is off too)
         "output_tokens_per_s": round(
-            provider["output_tpm"] / 60.0 * (off if binding == "output" else 1.0), 1
+            provider["output_tpm"] / 60.0 * (off if bound_key == "out" else 1.0), 1
         ),
         "inflight_tokens": round(tokens_s * 120.0, 0),
         "cached_input_counts": counts,
