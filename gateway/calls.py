@@ -59,7 +59,8 @@ class CallBook:
 
     def estimate(self, call: Call) -> CallEstimate:
         """The pacer's estimate: the cached part is the instance's previous prompt (agents
-        resend their history), the rest uncached; output ``max_tokens``."""
+        resend their history), the rest uncached; output ``max_tokens``; the task's age (it
+        orders the pacer's queue under an output limit)."""
         key = (call.reservation.run_id, call.instance or "")
         cached = 0
         if call.instance is not None:
@@ -72,6 +73,7 @@ class CallBook:
             input_uncached=call.input_estimate - cached,
             input_cached=cached,
             max_output=call.max_tokens,
+            task_age_s=call.task_age_s,
         )
 
     def task_age(self, request: Request, run_id: str, instance: str | None) -> float | None:

@@ -7,16 +7,24 @@ rule, so what the benchmark measures is what production runs. It owns:
   continuously, starting full;
 - an in-flight token budget: the sum of the in-flight calls' tokens (all input, cached or not,
   plus ``max_output``: the context the provider is working on) stays within it;
-- a queue with head-of-line order: only the head may be admitted. The order is FIFO while
-  the calls bucket is what holds the head back. While a token bucket is (an average over the
-  last ~100 times the head had to wait), the call with the smallest prompt goes first, ageing
-  ``AGEING_TOKENS_PER_S`` tokens of priority per second queued: a young task's call is small,
-  and admitting it moves its task a whole tool cycle on for few tokens, so under a token limit
-  more tasks progress and the queue of instances drains sooner (docs/bench-planner.md); a
-  big call waits at most its prompt / ``AGEING_TOKENS_PER_S`` seconds longer than in FIFO, so
-  it is never starved. A call larger than a bucket's capacity is admitted when that bucket is
-  full, and one larger than the in-flight budget when nothing is in flight; it leaves the
-  bucket in debt, so the long-run rate still holds and nothing dead-locks;
+- a queue with head-of-line order: only the head may be admitted. The order depends on which
+  bucket has held the head back (an average over the last ~100 times it had to wait):
+  - the calls bucket: FIFO;
+  - the counted-token bucket: the call with the smallest prompt first, ageing
+    ``AGEING_TOKENS_PER_S`` tokens of priority per second queued. A young task's call is small,
+    and admitting it moves its task a whole tool cycle on for few tokens, so under a token
+    limit more tasks progress and the queue of instances drains sooner
+    (docs/bench-planner.md); a big call waits at most its prompt / ``AGEING_TOKENS_PER_S``
+    seconds longer than in FIFO, so it is never starved;
+  - the output-token bucket: a call's task age counts as much as its time queued (the rank is
+    arrival time + task start time). A call's output does not grow with its task's age, so
+    favouring small prompts there only favours young tasks and stretches the old ones, and the
+    run ends on its longest tasks, stretched (docs/bench-planner.md, tenth round). A young
+    task's call ranks as if it had arrived the two tasks' age gap later, so it is delayed,
+    never starved; a call of unknown task age ranks as a task started when it arrived.
+  A call larger than a bucket's capacity is admitted when that bucket is full, and one larger
+  than the in-flight budget when nothing is in flight; it leaves the bucket in debt, so the
+  long-run rate still holds and nothing dead-locks;
 - settlement: calls are charged on their estimate (uncached input, plus cached input when the
   provider counts it, plus ``max_output`` for a combined token class / the output bucket) and
   ``release`` settles the estimate against actual usage (a failed call with no usage is
@@ -39,6 +47,7 @@ import heapq
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from planner.budgets import BudgetClass, Budgets, TokenClass
 from planner.pacer_holds import (
@@ -72,6 +81,7 @@ _EPS = 1e-9
 #: planner's mean makespan from 0.948 to 0.943 of the best baseline's, and the runs more than 3%
 #: slower than it from 13 to 7; 100 gained little more (0.940) for a bound three times as long.
 AGEING_TOKENS_PER_S = 300.0
+_Order = Literal["fifo", "prompt", "task_age"]
 #: Weight of the last wait in the average of which bucket holds the head back (per wait).
 _BLOCKED_DECAY = 0.99
 
@@ -145,6 +155,7 @@ class PacerCore:
         # decaying counts of the waits of the head on the calls and on a token bucket
         self._held_by_calls = 0.0
         self._held_by_tokens = 0.0
+        self._held_by_output = 0.0
         self._admitted: dict[str, tuple[CallEstimate, _Charge]] = {}
         self._unreported: list[str] = []
         self._usage_start = now
@@ -201,12 +212,10 @@ class PacerCore:
     def _inflight_blocks(self, charge: _Charge) -> bool:
         return self._inflight > 0 and self._inflight + charge.inflight > self._inflight_budget
 
-    def _rate_waits(self, charge: _Charge) -> tuple[float, float]:
-        """Seconds until the calls bucket, and until the token buckets, hold ``charge``."""
-        tokens = self._tokens.wait_for(charge.counted)
-        if self._output is not None:
-            tokens = max(tokens, self._output.wait_for(charge.output))
-        return self._calls.wait_for(1.0), tokens
+    def _rate_waits(self, charge: _Charge) -> tuple[float, float, float]:
+        """Seconds until the calls, the counted-token and the output buckets hold ``charge``."""
+        output = 0.0 if self._output is None else self._output.wait_for(charge.output)
+        return self._calls.wait_for(1.0), self._tokens.wait_for(charge.counted), output
 
     def _wait(self, charge: _Charge) -> float:
         """Seconds until ``charge`` could be admitted (``inf``: blocked on in-flight)."""
@@ -230,9 +239,9 @@ class PacerCore:
         out: list[str] = []
         while self._queue:
             _, _, call_id, est, charge, _ = self._queue[0]
-            calls, tokens = self._rate_waits(charge)
-            if self._inflight_blocks(charge) or max(calls, tokens) > 0:
-                self._note_hold(calls, tokens)
+            waits = self._rate_waits(charge)
+            if self._inflight_blocks(charge) or max(waits) > 0:
+                self._note_hold(*waits)
                 break
             heapq.heappop(self._queue)
             self._queued_ids.discard(call_id)
@@ -240,20 +249,23 @@ class PacerCore:
             out.append(call_id)
         return out
 
-    def _note_hold(self, calls: float, tokens: float) -> None:
-        """Count which bucket holds the head back, from its waits on the calls and on the token
-        buckets (a head held only by in-flight tokens says nothing of the rates). When that
-        flips the order, the queued calls are re-ranked by the new one."""
-        if max(calls, tokens) <= 0:
+    def _note_hold(self, calls: float, tokens: float, output: float) -> None:
+        """Count which bucket holds the head back, from its waits on the calls, counted-token
+        and output buckets (a head held only by in-flight tokens says nothing of the rates).
+        When that changes the order, the queued calls are re-ranked by the new one."""
+        if max(calls, tokens, output) <= 0:
             return
-        by_prompt = self._by_prompt
+        order = self._order
         self._held_by_calls *= _BLOCKED_DECAY
         self._held_by_tokens *= _BLOCKED_DECAY
-        if tokens > calls:
+        self._held_by_output *= _BLOCKED_DECAY
+        if output > max(tokens, calls):
+            self._held_by_output += 1.0
+        elif tokens > calls:
             self._held_by_tokens += 1.0
         else:
             self._held_by_calls += 1.0
-        if self._by_prompt != by_prompt:
+        if self._order != order:
             self._queue = [
                 (self._priority(est, arrived), seq, call_id, est, charge, arrived)
                 for _, seq, call_id, est, charge, arrived in self._queue
@@ -261,17 +273,24 @@ class PacerCore:
             heapq.heapify(self._queue)
 
     @property
-    def _by_prompt(self) -> bool:
-        """Smallest prompt first (a token bucket holds the queue back), else FIFO."""
-        return self._held_by_tokens > self._held_by_calls
+    def _order(self) -> _Order:
+        """The queue's order, from the bucket that has held the head back most (module
+        docstring)."""
+        if self._held_by_output > max(self._held_by_tokens, self._held_by_calls):
+            return "task_age"
+        if self._held_by_tokens > self._held_by_calls:
+            return "prompt"
+        return "fifo"
 
     def _priority(self, estimate: CallEstimate, arrived: float) -> float:
-        """Smallest prompt first, ageing, while a token bucket holds the queue back; else
-        FIFO (the arrival time alone)."""
-        aged = AGEING_TOKENS_PER_S * arrived
-        if self._by_prompt:
-            return aged + estimate.input_uncached + estimate.input_cached
-        return aged
+        """The call's rank in the current order (smallest first; module docstring)."""
+        order = self._order
+        if order == "prompt":
+            return AGEING_TOKENS_PER_S * arrived + estimate.input_uncached + estimate.input_cached
+        if order == "task_age":
+            age = estimate.task_age_s or 0.0
+            return arrived + (arrived - age)
+        return arrived
 
     # -- API ---------------------------------------------------------------------------------
     def request(self, call_id: str, estimate: CallEstimate, now: float) -> Admission:

@@ -9,6 +9,7 @@ them. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from planner.budgets import BudgetClass
@@ -18,15 +19,22 @@ __all__ = ["Admission", "CallEstimate", "CallUsage", "PacerUsage"]
 
 @dataclass(frozen=True)
 class CallEstimate:
-    """What a call is admitted on: its input (split by cache) and its ``max_tokens``."""
+    """What a call is admitted on: its input (split by cache) and its ``max_tokens``; and how
+    long its task has been running (``task_age_s``, None when unknown), which orders the queue
+    while the output budget holds it back."""
 
     input_uncached: int
     input_cached: int = 0
     max_output: int = 0
+    task_age_s: float | None = None
 
     def __post_init__(self) -> None:
         if min(self.input_uncached, self.input_cached, self.max_output) < 0:
             raise ValueError(f"token counts must be >= 0: {self}")
+        if self.task_age_s is not None and not (
+            math.isfinite(self.task_age_s) and self.task_age_s >= 0
+        ):
+            raise ValueError(f"task_age_s must be a finite number >= 0: {self}")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
 from planner.budgets import (
     BudgetClass,
     Budgets,
@@ -96,12 +98,24 @@ class PacerGate:
         self._cached = workload.cached.tolist()
         self._output = workload.output.tolist()
         self._offered: dict[int, float] = {}
+        # each call's instance, and when the gate first saw one of its calls: the task's age
+        # as the gateway knows it (an instance's first call is requested as its task starts)
+        self._instance = np.repeat(
+            np.arange(workload.n_instances), np.diff(workload.start)
+        ).tolist()
+        self._task_started: dict[int, float] = {}
         self.on_admit: Callable[[float, int], None] | None = None  # hears of each admission
         self.wait_s = 0.0
         self.admitted = 0
 
     def offer(self, now: float, call: int) -> bool:
-        est = CallEstimate(self._uncached[call], self._cached[call], self._output[call])
+        started = self._task_started.setdefault(self._instance[call], now)
+        est = CallEstimate(
+            self._uncached[call],
+            self._cached[call],
+            self._output[call],
+            task_age_s=max(0.0, now - started),
+        )
         admitted = self.core.request(str(call), est, now).admitted
         if admitted:
             self.admitted += 1

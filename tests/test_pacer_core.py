@@ -392,6 +392,61 @@ def test_when_the_holding_bucket_changes_the_queue_is_re_ranked() -> None:
     assert admitted == ["big1", "big2", "mid"]  # FIFO, not the prompt order mid, big2, big1
 
 
+def test_under_an_output_limit_the_older_task_goes_first_not_the_smaller_prompt() -> None:
+    """Output per call does not grow with a task's age: the smallest-prompt order would only
+    favour young tasks. Under the output bucket a call's task age counts as its time queued."""
+    pacer = PacerCore(budgets(tokens=1e9, output=100.0), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(10, max_output=100), 0.0).admitted  # bucket empty
+    assert not pacer.request("b", CallEstimate(10, max_output=100), 0.0).admitted
+    assert pacer.poll(1.0) == ["b"]  # the head was held by the output bucket: the order flips
+    young = CallEstimate(1_000, max_output=100, task_age_s=5.0)
+    old = CallEstimate(50_000, max_output=100, task_age_s=600.0)
+    unknown = CallEstimate(2_000, max_output=100)  # ranks as a task started when it arrived
+    assert not pacer.request("young", young, 1.0).admitted
+    assert not pacer.request("unknown", unknown, 1.001).admitted
+    assert not pacer.request("old", old, 1.002).admitted  # queued last, its task 600 s old
+    assert [*pacer.poll(3.0), *pacer.poll(4.0), *pacer.poll(5.0)] == ["old", "young", "unknown"]
+
+
+def test_under_an_output_limit_a_young_tasks_call_ranks_as_arriving_the_age_gap_later() -> None:
+    """An old task's calls pass a young task's queued call only while they arrive within the
+    two tasks' age gap of it: the young task is delayed, never starved."""
+    pacer = PacerCore(budgets(calls=1000.0, tokens=1e9, output=1000.0), burst_s=1.0)
+    # an old task (started at -300) floods the queue: 2,000 output tokens/s against 1,000/s
+    old = [
+        (
+            i * 0.05,
+            f"o{i}",
+            CallEstimate(100, max_output=100, task_age_s=300.0 + i * 0.05),
+            0.2,
+            CallUsage(100, output=100),
+        )
+        for i in range(8000)
+    ]
+    young = [
+        (
+            10.0,
+            "young",
+            CallEstimate(100, max_output=100, task_age_s=0.0),
+            0.2,
+            CallUsage(100, output=100),
+        )
+    ]
+    times = drive(pacer, sorted(old + young), until=800.0)
+    assert "young" in times
+    passed_by = [i * 0.05 for i in range(8000) if times.get(f"o{i}", math.inf) < times["young"]]
+    # rank = arrival + task start: the old task's call arriving at t ranks t - 300, the young
+    # call (arrived at 10, its task started at 10) ranks 20; old calls arriving up to the age
+    # gap (310 s) after it pass it, none later
+    assert max(passed_by) == pytest.approx(320.0, abs=0.1)
+
+
+def test_a_task_age_must_be_a_finite_number_of_seconds() -> None:
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="task_age_s"):
+            CallEstimate(10, task_age_s=bad)
+
+
 def test_a_per_day_limits_429_holds_every_bucket_for_its_retry_after() -> None:
     daily = Classification(
         status=429,

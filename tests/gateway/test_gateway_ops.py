@@ -1,12 +1,16 @@
-"""Gateway operations: the pause flag, observed rate-limit headers, bad requests."""
+"""Gateway operations: the pause flag, observed rate-limit headers, bad requests, the task age
+the pacer is told."""
 
 from __future__ import annotations
 
 import time
 
 import httpx
+import pytest
 from sqlalchemy import select
 
+from gateway.pacer_local import InProcessPacer
+from gateway.pacing import CallEstimate, Permit
 from ledger.models import AliasObservation
 from ledger.pauses import set_pause
 
@@ -145,3 +149,34 @@ def test_a_429_holds_only_the_buckets_it_leaves_empty_unsaid(make_stack):
     levels = pacer.levels("sim-openai")
     assert levels["calls"] <= -budgets.calls_per_s * 119.0
     assert levels["tokens"] <= -budgets.tokens_per_s * 119.0
+
+
+def test_the_pacer_is_told_each_calls_task_age(make_stack):
+    """The pacer ranks its queue by task age under an output limit: the gateway passes the age
+    the harness states (``x-evalfleet-task-started-at``), else the time since it first saw the
+    instance."""
+    seen: list[CallEstimate] = []
+
+    class RecordingPacer(InProcessPacer):
+        async def acquire(self, alias: str, estimate: CallEstimate) -> Permit:
+            seen.append(estimate)
+            return await super().acquire(alias, estimate)
+
+    stack = make_stack(pacer=RecordingPacer)
+    secret = stack.new_run().gateway_key.get_secret_value()
+    headers = {"authorization": f"Bearer {secret}", "x-evalfleet-instance": "django-1"}
+
+    def post(extra: dict[str, str]) -> None:
+        r = httpx.post(
+            stack.url + "/v1/chat/completions", headers={**headers, **extra}, json=BODY, timeout=5
+        )
+        assert r.status_code == 200
+
+    post({"x-evalfleet-task-started-at": str(time.time() - 120.0)})
+    post({})  # first sight of the instance without a stated start: age 0
+    time.sleep(0.3)
+    post({})
+    stated, first, later = (e.task_age_s for e in seen)
+    assert stated == pytest.approx(120.0, abs=5.0)
+    assert first == pytest.approx(0.0, abs=0.05)
+    assert later is not None and 0.3 <= later < 5.0

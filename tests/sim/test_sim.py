@@ -370,7 +370,9 @@ def test_unknown_429s_of_a_token_limit_do_not_cut_the_output_budget_to_nothing()
     naive_output, naive_row = run(ControllerConfig(blame_samples=0))
     assert steady_output >= 0.5 * output_limit_per_s, steady_output
     assert naive_output < 0.3 * output_limit_per_s, naive_output  # the naive blame starves it
-    assert steady_row["makespan_s"] < 0.95 * naive_row["makespan_s"]
+    # the naive run is output-bound, where the pacer's task-age order recovers part of its
+    # loss: 6,653 s vs 7,323 s (9%) before that order, 6,683 s vs 7,005 s (4.6%) with it
+    assert steady_row["makespan_s"] < 0.97 * naive_row["makespan_s"]
     assert steady_row["ratio"] <= 1.2
 
 
