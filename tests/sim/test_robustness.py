@@ -1,4 +1,5 @@
-"""The planner on scenarios it was not tuned on: random scenarios of the public format.
+"""The planner on scenarios it was not tuned on: random scenarios of the public format, and the
+issue's own example scenario.
 
 ``sim.generate.random_scenario`` draws the harness (trace or parametric), header style
 (anthropic, openai, none), split or combined token limits, cache reads counted or not, a
@@ -14,18 +15,22 @@ xfail(strict) with the reason, documenting a known weakness (docs/bench-planner.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from planner.classify import LimitType
 from sim.bench import run_scenario
 from sim.generate import random_scenario
 from sim.metrics import lower_bound
+from sim.scenario import load_scenario
 from sim.targets import violations as _violations
 from sim.workload import build_workload
 
 pytestmark = pytest.mark.slow
 
 SEEDS = list(range(16))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_generated_scenarios_are_limit_bound_and_varied() -> None:
@@ -53,6 +58,15 @@ def test_planner_meets_the_targets_on_a_random_scenario(seed: int) -> None:
     result = run_scenario(scenario)
     assert set(result.results) >= {"planner", "aimd"}
     assert _violations(result.results) == [], (scenario.description, result.results)
+
+
+def test_planner_meets_the_targets_on_the_issues_example_scenario() -> None:
+    """The example scenario of the issue that specified the benchmark, as written there: a
+    parametric harness, Anthropic headers, the input limit halved at 30 minutes."""
+    scenario = load_scenario(ROOT / "scenarios" / "outside" / "issue-example.yaml")
+    assert scenario.provider.changes and scenario.provider.headers == "anthropic"
+    result = run_scenario(scenario)
+    assert _violations(result.results) == [], result.results
 
 
 def test_the_check_catches_a_slow_or_noisy_planner() -> None:
