@@ -10,6 +10,7 @@ what is remembered and recorded about it reads in one place.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,15 +78,17 @@ class CallBook:
         )
 
     def task_age(self, request: Request, run_id: str, instance: str | None) -> float | None:
-        """Seconds since the task started: its ``x-evalfleet-task-started-at``, else since the
-        gateway first saw the instance (None for a call of no instance)."""
+        """Seconds since the task started: its ``x-evalfleet-task-started-at`` (epoch seconds),
+        else since the gateway first saw the instance (None for a call of no instance)."""
         now = self._clock()
-        started = request.headers.get("x-evalfleet-task-started-at")
-        if started is not None:
+        stated = request.headers.get("x-evalfleet-task-started-at")
+        if stated is not None:
             try:
-                return max(0.0, now - float(started))
+                started = float(stated)
             except ValueError:
-                pass
+                started = math.nan
+            if math.isfinite(started):  # "inf", "nan" or junk: as if the harness sent none
+                return max(0.0, now - started)
         if instance is None:
             return None
         key = (run_id, instance)

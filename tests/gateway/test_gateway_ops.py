@@ -176,7 +176,12 @@ def test_the_pacer_is_told_each_calls_task_age(make_stack):
     post({})  # first sight of the instance without a stated start: age 0
     time.sleep(0.3)
     post({})
-    stated, first, later = (e.task_age_s for e in seen)
+    # a start that is no finite number is ignored, as if none was sent: not a 500
+    post({"x-evalfleet-task-started-at": "-inf"})
+    post({"x-evalfleet-task-started-at": "yesterday"})
+    stated, first, later, minus_inf, junk = (e.task_age_s for e in seen)
     assert stated == pytest.approx(120.0, abs=5.0)
     assert first == pytest.approx(0.0, abs=0.05)
     assert later is not None and 0.3 <= later < 5.0
+    for ignored in (minus_inf, junk):
+        assert ignored is not None and later <= ignored < 5.0
