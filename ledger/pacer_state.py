@@ -109,6 +109,7 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "observed_at": state.observed_at,
         "at_ceiling_since": _classes(state.at_ceiling_since),
         "share_rebased_at": _classes(state.share_rebased_at),
+        "rebase_up_streak": _classes(state.rebase_up_streak),
         "unknown_samples": [
             {"at": at, "rates": _classes(rates)} for at, rates in state.unknown_samples
         ],
@@ -211,6 +212,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
             "at_ceiling_since",  # absent in states saved before rule 7: {}
             "share_rebased_at",  # absent in states saved before the share-loop check: {}
             "level_memory_s",  # absent in states saved before the doubling memory: {}
+            "rebase_up_streak",  # absent in states saved before the re-base speed-up: {}
         )
     }
     cuts = _class_map(data, "cuts_below_seed", problems)
@@ -251,6 +253,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         unknown_samples=samples,
         share_rebased_at={k: float(v) for k, v in maps["share_rebased_at"].items()},
         level_memory_s={k: float(v) for k, v in maps["level_memory_s"].items()},
+        rebase_up_streak={k: int(v) for k, v in maps["rebase_up_streak"].items()},
     )
 
 

@@ -87,6 +87,16 @@ def cut(
     )
 
 
+def _speedup(state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig) -> float:
+    """Rule 7's speed-up of ``cls``: ``rebase_up_speedup`` per re-base up in its run, while
+    the alias has had no 429 cut within ``memory_max_s`` (a slow start: it ends at the
+    first 429, and does not come back while 429s are within memory)."""
+    streak = state.rebase_up_streak.get(cls, 0)
+    if streak == 0 or any(now - t <= config.memory_max_s for t in state.last_cut_at.values()):
+        return 1.0
+    return float(config.rebase_up_speedup**streak)
+
+
 def _level_memory(
     state: BudgetState, cls: BudgetClass, level: float, now: float, config: ControllerConfig
 ) -> tuple[float, float]:
@@ -143,7 +153,10 @@ def grown(
     when it is already there."""
     value = state.budgets.get(cls)
     assert value is not None
-    target = min(value * (1.0 + config.growth), _ceiling(state, cls, now, config))
+    growth = max(
+        min(config.growth * _speedup(state, cls, now, config), config.max_growth), config.growth
+    )
+    target = min(value * (1.0 + growth), _ceiling(state, cls, now, config))
     return target if target > value else None
 
 
@@ -156,6 +169,7 @@ def rebased_up(
     limit raised mid-run) and growth may go on. Without utilisation figures nothing is proven
     (an unused budget at its ceiling says nothing of the provider)."""
     since = dict(state.at_ceiling_since)
+    streaks = dict(state.rebase_up_streak)
     seed = state.seed
     rebased: list[BudgetClass] = []
     for cls in state.budgets.classes():
@@ -169,9 +183,11 @@ def rebased_up(
             since.pop(cls, None)
             continue
         start = since.setdefault(cls, now)
-        if now - start >= config.rebase_up_s:
+        hold = max(config.rebase_up_s / _speedup(state, cls, now, config), config.rebase_up_min_s)
+        if now - start >= hold:
             seed = seed.with_value(cls, level)
             since.pop(cls)
+            streaks[cls] = streaks.get(cls, 0) + 1
             rebased.append(cls)
     if not rebased and since == state.at_ceiling_since:
         return state, []
@@ -180,6 +196,7 @@ def rebased_up(
             state,
             seed=seed,
             at_ceiling_since=since,
+            rebase_up_streak=streaks,
             seed_source="controller" if rebased else state.seed_source,
         ),
         rebased,

@@ -107,6 +107,14 @@ class ControllerConfig:
     rebase_cuts: int = 2  # cuts below the seed ... [1, 20]
     rebase_period_s: float = 1800.0  # ... within this period re-base the seed [0, 86400]
     rebase_up_s: float = 300.0  # clean and used at 1.5x the seed this long: re-base up [60, 86400]
+    # a slow start: each re-base up of a class in a run of them with no 429 in between, and
+    # none cut by a 429 within memory_max_s, divides the class's next hold by this and
+    # multiplies its growth by it [1, 4] (1: off); the hold down to rebase_up_min_s
+    # [60, rebase_up_s], the growth up to max_growth [growth, 0.5]. A seed far below the limit
+    # is then climbed in minutes, not 1.5x per rebase_up_s
+    rebase_up_speedup: float = 2.0
+    rebase_up_min_s: float = 60.0
+    max_growth: float = 0.2
     overload_backoff_s: float = 30.0  # back-off after 529/503 [0, 3600]
     stale_after_s: float = 6 * 3600.0  # seed age after which it is stale [60, 30 days]
     min_fraction: float = 0.01  # floor of any budget, as a share of its seed (0, 1]
@@ -138,6 +146,9 @@ class ControllerConfig:
         _bounded("rebase_cuts", self.rebase_cuts, 1, 20, p)
         _bounded("rebase_period_s", self.rebase_period_s, 0.0, 86400.0, p)
         _bounded("rebase_up_s", self.rebase_up_s, 60.0, 86400.0, p)
+        _bounded("rebase_up_speedup", self.rebase_up_speedup, 1.0, 4.0, p)
+        _bounded("rebase_up_min_s", self.rebase_up_min_s, 60.0, self.rebase_up_s, p)
+        _bounded("max_growth", self.max_growth, self.growth, 0.5, p)
         _bounded("overload_backoff_s", self.overload_backoff_s, 0.0, 3600.0, p)
         _bounded("stale_after_s", self.stale_after_s, 60.0, 30 * 86400.0, p)
         _bounded("min_fraction", self.min_fraction, 1e-6, 1.0, p)
@@ -177,6 +188,8 @@ class BudgetState:
     observed_at: float | None = None
     # since when each class has stood clean and used at max_over_seed x its seed (rule 7)
     at_ceiling_since: Mapping[BudgetClass, float] = field(default_factory=dict)
+    # how many re-bases up each class has made since the alias's last 429 (rule 7's speed-up)
+    rebase_up_streak: Mapping[BudgetClass, int] = field(default_factory=dict)
     # (when, rate per class) the provider accepted at the latest 429s of an unknown limit
     # (rule 4: the limit hit is the class whose accepted rate holds steady across them)
     unknown_samples: tuple[tuple[float, Mapping[BudgetClass, float]], ...] = ()

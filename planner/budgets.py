@@ -67,7 +67,10 @@ Rules, in the order ``step`` applies them:
    ``rebase_up_s``, re-bases its seed to its level: the provider accepted half as much again
    as the seed said for that long, so the seed was low (an operator's guess, or a limit raised
    mid-run). Growth then goes on, +5% per window up to 1.5x the new seed; the first 429 cuts
-   and is remembered as usual.
+   and is remembered as usual. A slow start: while the alias has drawn no 429 (none within
+   ``memory_max_s``), each further re-base up of the class halves its next hold (down to
+   ``rebase_up_min_s``) and doubles its growth (up to ``max_growth``), so a seed a sixth of
+   the limit is climbed in about 15 minutes instead of 30; the first 429 ends it.
 
 The types (budgets, config, state, observation) live in ``planner.budget_state``; by how much
 a class moves (a cut, growth, a re-base) in ``planner.budget_moves``; whom a 429 blames in
@@ -219,6 +222,7 @@ def rebase(
         seeded_at=now,
         seed_source="operator",
         share_rebased_at={},  # the share rule's re-bases are of a seed no longer there
+        rebase_up_streak={},
     ).keeping_429_memory(lambda _: False)
 
 
@@ -234,7 +238,11 @@ def recounted(state: BudgetState, cached_input_counts: bool) -> BudgetState:
     if cap is not None:
         seed, budgets = seed.with_value(cls, cap), budgets.with_value(cls, cap)
     return replace(
-        state, cached_input_counts=cached_input_counts, seed=seed, budgets=budgets
+        state,
+        cached_input_counts=cached_input_counts,
+        seed=seed,
+        budgets=budgets,
+        rebase_up_streak={k: v for k, v in state.rebase_up_streak.items() if k is not cls},
     ).keeping_429_memory(lambda k: k is not cls)
 
 
@@ -406,6 +414,11 @@ def step(
                     f"{cls}: repeated cuts below the seed: seed re-based to "
                     f"{state.seed.get(cls):.6g}"
                 )
+
+    if rate_throttles and state.rebase_up_streak:
+        # rule 7's speed-up lasts while the provider rejects nothing (a slow start): a 429 of
+        # any limit says the fleet is near one, whichever class it names
+        state = replace(state, rebase_up_streak={})
 
     # 6. growth on a clean window; 7. a seed the provider clearly allows more than is re-based
     # up.

@@ -1,0 +1,96 @@
+"""The budget controller's slow start (rule 7's speed-up): without rate-limit headers a seed far
+below the provider's limit is climbed in minutes, and the speed-up ends at the first 429. Each
+test fails on the behaviour before the rule (1.5x per ``rebase_up_s`` however far off the
+seed is) or on a speed-up that outlived a 429."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import pairwise
+
+import pytest
+
+from planner.budgets import (
+    BudgetClass,
+    Budgets,
+    BudgetState,
+    ControllerConfig,
+    WindowObservation,
+    initial_state,
+    step,
+)
+from planner.classify import LimitType
+
+CFG = ControllerConfig()
+NO_SPEEDUP = replace(CFG, rebase_up_speedup=1.0)
+SEED = Budgets(calls_per_s=10.0, tokens_per_s=8_000.0, output_tokens_per_s=1_500.0,
+               inflight_tokens=2_000_000.0)  # fmt: skip
+USED = {c: 1.0 for c in BudgetClass}
+REQ, TOK = BudgetClass.REQUESTS, BudgetClass.TOKENS
+
+
+def fresh() -> BudgetState:
+    return initial_state(SEED, 0.0, cached_input_counts=False, token_class="input")
+
+
+def clean(
+    s: BudgetState, cfg: ControllerConfig, start: float, until: float, limit: float
+) -> tuple[BudgetState, float | None]:
+    """Clean, fully used windows from ``start`` to ``until``; the state then and when the token
+    budget first reached ``limit`` (the provider's, unknown to the controller)."""
+    reached, t = None, start
+    while t < until:
+        t += cfg.window_s
+        s, _ = step(s, WindowObservation(now=t, utilisation=USED), cfg)
+        if reached is None and (s.budgets.tokens_per_s or 0.0) >= limit:
+            reached = t
+    return s, reached
+
+
+def test_a_seed_far_below_the_limit_is_climbed_in_minutes_not_half_an_hour() -> None:
+    """A token seed a sixth of the provider's limit, no headers, every window clean and used.
+    Without the speed-up the budget climbs 1.5x per ~7 minutes (rebase_up_s of hold plus the
+    growth to the ceiling): half an hour to the limit. With it, half that or less."""
+    limit = 6 * SEED.tokens_per_s
+    _, slow = clean(fresh(), NO_SPEEDUP, 0.0, 3600.0, limit)
+    _, fast = clean(fresh(), CFG, 0.0, 3600.0, limit)
+    assert slow is not None and slow >= 1800.0
+    assert fast is not None and fast <= 0.5 * slow
+
+
+def test_a_429_of_any_limit_ends_the_speed_up_while_it_is_remembered() -> None:
+    """After a request-limit 429 the token class, whose run of re-bases it ended, climbs at
+    ``growth`` per window and re-bases up only after a full ``rebase_up_s`` again, for as long
+    as the cut is within ``memory_max_s``; afterwards a new run may speed up again."""
+    s, _ = clean(fresh(), CFG, 0.0, 1200.0, float("inf"))
+    assert s.rebase_up_streak.get(TOK, 0) >= 2
+    t = 1200.0 + CFG.window_s
+    s, _ = step(s, WindowObservation(now=t, throttles=((LimitType.REQUESTS, None),)), CFG)
+    assert s.rebase_up_streak == {}
+    t += CFG.cooldown_s + CFG.window_s
+    before = s.budgets.tokens_per_s or 0.0
+    s, _ = step(s, WindowObservation(now=t, utilisation=USED), CFG)
+    assert (s.budgets.tokens_per_s or 0.0) == pytest.approx(before * (1 + CFG.growth))
+    # re-bases up within the cut's memory each wait the full hold; after it, a run speeds up
+    cut_at, rebased_at = t, []
+    while t < cut_at + CFG.memory_max_s + 1200.0:
+        t += CFG.window_s
+        prior = s.seed.tokens_per_s
+        s, _ = step(s, WindowObservation(now=t, utilisation=USED), CFG)
+        if s.seed.tokens_per_s != prior:
+            rebased_at.append(t)
+    within = [b - a for a, b in pairwise(rebased_at) if b <= cut_at + CFG.memory_max_s]
+    after = [b - a for a, b in pairwise(rebased_at) if a > cut_at + CFG.memory_max_s]
+    assert len(within) >= 5 and min(within) >= CFG.rebase_up_s
+    assert after and max(after) < CFG.rebase_up_s
+
+
+def test_the_speed_up_is_a_bounded_setting() -> None:
+    from evalfleet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rebase_up_speedup"):
+        ControllerConfig(rebase_up_speedup=0.5)
+    with pytest.raises(ConfigError, match="max_growth"):
+        ControllerConfig(max_growth=0.01)
+    with pytest.raises(ConfigError, match="rebase_up_min_s"):
+        ControllerConfig(rebase_up_min_s=600.0)
