@@ -94,7 +94,12 @@ def _speedup(state: BudgetState, cls: BudgetClass, now: float, config: Controlle
     streak = state.rebase_up_streak.get(cls, 0)
     if streak == 0 or any(now - t <= config.memory_max_s for t in state.last_cut_at.values()):
         return 1.0
-    return float(config.rebase_up_speedup**streak)
+    # past max_growth and rebase_up_min_s more re-bases change nothing; bounded so that a
+    # long clean run cannot overflow the power
+    return float(config.rebase_up_speedup ** min(streak, _MAX_STREAK))
+
+
+_MAX_STREAK = 16
 
 
 def _level_memory(

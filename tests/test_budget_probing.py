@@ -94,3 +94,12 @@ def test_the_speed_up_is_a_bounded_setting() -> None:
         ControllerConfig(max_growth=0.01)
     with pytest.raises(ConfigError, match="rebase_up_min_s"):
         ControllerConfig(rebase_up_min_s=600.0)
+
+
+def test_a_long_clean_run_of_re_bases_stays_bounded() -> None:
+    """Thousands of re-bases up with no 429 (a provider far above any seed): growth stays at
+    ``max_growth`` per window and the hold at ``rebase_up_min_s``, with no overflow."""
+    s = replace(fresh(), rebase_up_streak={TOK: 5000})
+    before = s.budgets.tokens_per_s or 0.0
+    s, _ = step(s, WindowObservation(now=15.0, utilisation=USED), CFG)
+    assert (s.budgets.tokens_per_s or 0.0) == pytest.approx(before * (1 + CFG.max_growth))
