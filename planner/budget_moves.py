@@ -87,19 +87,23 @@ def cut(
     )
 
 
+_MAX_STREAK = 16  # past max_growth and rebase_up_min_s more re-bases change nothing
+
+
+def _recently_cut(state: BudgetState, now: float, config: ControllerConfig) -> bool:
+    """A 429 cut some class of the alias within ``memory_max_s``: rule 7's slow start is off."""
+    return any(now - t <= config.memory_max_s for t in state.last_cut_at.values())
+
+
 def _speedup(state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig) -> float:
     """Rule 7's speed-up of ``cls``: ``rebase_up_speedup`` per re-base up in its run, while
     the alias has had no 429 cut within ``memory_max_s`` (a slow start: it ends at the
-    first 429, and does not come back while 429s are within memory)."""
+    first 429, and starts over from one once that 429 is out of memory)."""
     streak = state.rebase_up_streak.get(cls, 0)
-    if streak == 0 or any(now - t <= config.memory_max_s for t in state.last_cut_at.values()):
+    if streak == 0 or _recently_cut(state, now, config):
         return 1.0
-    # past max_growth and rebase_up_min_s more re-bases change nothing; bounded so that a
-    # long clean run cannot overflow the power
+    # bounded so that a long clean run cannot overflow the power
     return float(config.rebase_up_speedup ** min(streak, _MAX_STREAK))
-
-
-_MAX_STREAK = 16
 
 
 def _level_memory(
@@ -192,7 +196,8 @@ def rebased_up(
         if now - start >= hold:
             seed = seed.with_value(cls, level)
             since.pop(cls)
-            streaks[cls] = streaks.get(cls, 0) + 1
+            # re-bases while a cut is remembered do not count: the run starts from one after
+            streaks[cls] = 0 if _recently_cut(state, now, config) else streaks.get(cls, 0) + 1
             rebased.append(cls)
     if not rebased and since == state.at_ceiling_since:
         return state, []

@@ -61,10 +61,11 @@ def test_a_seed_far_below_the_limit_is_climbed_in_minutes_not_half_an_hour() -> 
 def test_a_429_of_any_limit_ends_the_speed_up_while_it_is_remembered() -> None:
     """After a request-limit 429 the token class, whose run of re-bases it ended, climbs at
     ``growth`` per window and re-bases up only after a full ``rebase_up_s`` again, for as long
-    as the cut is within ``memory_max_s``; afterwards a new run may speed up again."""
+    as the cut is within ``memory_max_s``; afterwards a new run speeds up again, from its
+    start."""
     s, _ = clean(fresh(), CFG, 0.0, 1200.0, float("inf"))
     assert s.rebase_up_streak.get(TOK, 0) >= 2
-    t = 1200.0 + CFG.window_s
+    cut_at = t = 1200.0 + CFG.window_s
     s, _ = step(s, WindowObservation(now=t, throttles=((LimitType.REQUESTS, None),)), CFG)
     assert s.rebase_up_streak == {}
     t += CFG.cooldown_s + CFG.window_s
@@ -72,7 +73,7 @@ def test_a_429_of_any_limit_ends_the_speed_up_while_it_is_remembered() -> None:
     s, _ = step(s, WindowObservation(now=t, utilisation=USED), CFG)
     assert (s.budgets.tokens_per_s or 0.0) == pytest.approx(before * (1 + CFG.growth))
     # re-bases up within the cut's memory each wait the full hold; after it, a run speeds up
-    cut_at, rebased_at = t, []
+    rebased_at: list[float] = []
     while t < cut_at + CFG.memory_max_s + 1200.0:
         t += CFG.window_s
         prior = s.seed.tokens_per_s
@@ -83,6 +84,8 @@ def test_a_429_of_any_limit_ends_the_speed_up_while_it_is_remembered() -> None:
     after = [b - a for a, b in pairwise(rebased_at) if a > cut_at + CFG.memory_max_s]
     assert len(within) >= 5 and min(within) >= CFG.rebase_up_s
     assert after and max(after) < CFG.rebase_up_s
+    # ... starting over from one: the re-bases held during the memory do not count
+    assert after[0] >= CFG.rebase_up_s / CFG.rebase_up_speedup
 
 
 def test_the_speed_up_is_a_bounded_setting() -> None:
