@@ -5,7 +5,8 @@ launcher (instance flows on the session's Prefect server, calling the real gatew
 simulated provider), a PostgreSQL ledger. The planner's ceiling for the alias is fixed at 8 by
 writing its ``planner_decisions`` row (the planner's output interface), so the test controls
 the binding ceiling while the launcher has more threads than that. A sampler reads the live
-(booting + running + evaluating) count of each run from the ledger every 0.2 s: while both
+(booting + running: ``INSTANCE_CALLING``, what the ceiling bounds; an evaluating instance is done
+with the LLM) count of each run from the ledger every 0.2 s: while both
 runs have queued work the priority-1 and priority-3 runs hold about 2 and 6 slots; once the
 priority-3 run has finished, the other takes the whole ceiling; the ceiling is never exceeded.
 """
@@ -19,6 +20,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import func, insert, select
 
+from evalfleet.states import INSTANCE_CALLING
 from flows.dispatch import dispatcher_loop
 from flows.launch import launch_run
 from flows.supervisor import supervise_once
@@ -27,6 +29,8 @@ from ledger.models import InstanceResult, Job, PlannerDecision, Run
 from tasks import ledger_io
 
 pytestmark = [pytest.mark.postgres, pytest.mark.prefect, pytest.mark.slow]
+
+_CALLING = tuple(s.value for s in INSTANCE_CALLING)
 
 CEILING = 8
 ALIAS = "sim-openai"
@@ -62,7 +66,7 @@ class Sampler(threading.Thread):
                 live = dict(
                     conn.execute(
                         select(InstanceResult.run_id, func.count())
-                        .where(InstanceResult.state.in_(("booting", "running", "evaluating")))
+                        .where(InstanceResult.state.in_(_CALLING))
                         .group_by(InstanceResult.run_id)
                     ).all()
                 )
