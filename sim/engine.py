@@ -135,6 +135,9 @@ class Simulation:
         uncached = (w.input - w.cached).tolist()
         cached = w.cached.tolist()
         output = w.output.tolist()
+        # one charge per call, built on its first send: a 429 storm retries the same call
+        # hundreds of thousands of times
+        charges: list[CallCharge | None] = [None] * len(uncached)
         call_of = [0] * n  # next call index of each instance
         inst_of_call: dict[int, int] = {}
         running: dict[int, float] = {}  # instance -> start time (age origin)
@@ -167,7 +170,10 @@ class Simulation:
         def send(t: float, call: int) -> None:
             nonlocal last_progress
             stats.calls += 1
-            adm = provider.admit(t, CallCharge(uncached[call], cached[call], output[call]))
+            charge = charges[call]
+            if charge is None:
+                charge = charges[call] = CallCharge(uncached[call], cached[call], output[call])
+            adm = provider.admit(t, charge)
             if adm.admitted:
                 last_progress = t
                 assert adm.ticket is not None

@@ -183,8 +183,8 @@ class _Bucket:
 
     def wait_for(self, need: float) -> float:
         short = need - self.level
-        if short <= _EPS * max(1.0, need):  # float dust from refill arithmetic
-            return 0.0
+        if short <= 0.0 or short <= _EPS * (need if need > 1.0 else 1.0):
+            return 0.0  # fits, or short by float dust from refill arithmetic
         return short / self.rate
 
 
@@ -280,33 +280,36 @@ class ProviderLimits:
         """Admit the request at ``now`` (charging every bucket) or reject it."""
         self._advance(now)
         needs = self.needs(charge)
-        too_large = [c for c, n in needs.items() if n > self._buckets[c].limit]
-        if too_large:
-            cls = too_large[0]
-            self._count_rejection()
-            return ProviderAdmission(
-                admitted=False,
-                limit=cls,
-                retry_after_s=self._buckets[cls].wait_for(self._buckets[cls].limit),
-                too_large=True,
-                requested=needs[cls],
-            )
-        waits = {c: self._buckets[c].wait_for(n) for c, n in needs.items()}
-        failing = [c for c in CLASS_ORDER if c in waits and waits[c] > 0]
-        if failing:
-            hit = max(failing, key=lambda c: waits[c])
+        buckets = self._buckets
+        for cls, n in needs.items():
+            if n > buckets[cls].limit:
+                self._count_rejection()
+                return ProviderAdmission(
+                    admitted=False,
+                    limit=cls,
+                    retry_after_s=buckets[cls].wait_for(buckets[cls].limit),
+                    too_large=True,
+                    requested=n,
+                )
+        # the class short longest (the first in CLASS_ORDER among equals); called once per
+        # request, 429 storms included, so no intermediate dicts
+        hit: LimitType | None = None
+        worst = 0.0
+        for cls, n in needs.items():
+            wait = buckets[cls].wait_for(n)
+            if wait > worst:
+                hit, worst = cls, wait
+        if hit is not None:
             self._count_rejection()
             # the rejection itself consumed a request: wait until everything fits again
-            after = {c: self._buckets[c].wait_for(n) for c, n in needs.items()}
+            after = max(buckets[c].wait_for(n) for c, n in needs.items())
             return ProviderAdmission(
-                admitted=False,
-                limit=hit,
-                retry_after_s=max(after.values()),
-                requested=needs[hit],
+                admitted=False, limit=hit, retry_after_s=after, requested=needs[hit]
             )
-        for c, n in needs.items():
-            self._buckets[c].level -= n
-            self.consumed[c] += n
+        consumed = self.consumed
+        for cls, n in needs.items():
+            buckets[cls].level -= n
+            consumed[cls] += n
         self.admitted_count += 1
         return ProviderAdmission(
             admitted=True, ticket=Ticket(charged=needs, max_output=charge.max_output)
