@@ -59,6 +59,7 @@ BINDING_COLOURS = {
     "paused": "#000000",
     "stale_config": "#ff7f0e",
     "no_work": "#bcbd22",
+    "launch_ramp": "#aec7e8",
 }
 
 

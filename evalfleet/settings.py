@@ -94,6 +94,22 @@ class Settings(BaseSettings):
         "budget may project (bounds planner_token_overdrive for harnesses with short gaps "
         "between calls); at least the 6 s a calls budget may project.",
     )
+    planner_launch_ramp_floor: int = Field(
+        default=50,
+        ge=1,
+        le=100_000,
+        description="Until the provider has answered an alias (or while its rate-limit headers "
+        "leave a budgeted limit unstated) and no 429 has come, the planner's ceiling for it is at "
+        "most this many tasks or planner_launch_ramp_growth x its live fleet, whichever is "
+        "larger: a first cohort is not sized on a seed the provider has not confirmed.",
+    )
+    planner_launch_ramp_growth: float = Field(
+        default=1.2,
+        gt=1.0,
+        le=4.0,
+        description="How much the launch ramp lets an alias's fleet grow per planner tick "
+        "(see planner_launch_ramp_floor); 4 all but turns it off.",
+    )
     supervisor_tick_s: float = Field(
         default=30.0, ge=1.0, le=600.0, description="Seconds between supervisor ticks."
     )

@@ -113,6 +113,8 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "unknown_samples": [
             {"at": at, "rates": _classes(rates)} for at, rates in state.unknown_samples
         ],
+        "answered": state.answered,
+        "throttled": state.throttled,
     }
 
 
@@ -227,6 +229,11 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
     observed_at = data.get("observed_at")
     if observed_at is not None and not isinstance(observed_at, int | float):
         problems.append("observed_at: must be a number or null")
+    # absent in states saved before the launch ramp: an alias already running, no ramp
+    flags = {k: data.get(k, True) for k in ("answered", "throttled")}
+    for k, v in flags.items():
+        if not isinstance(v, bool):
+            problems.append(f"{k}: must be true or false")
     stale_after_s = _num(data, "stale_after_s", problems, none_is=6 * 3600.0)
     cooldown_until = _num(data, "cooldown_until", problems, none_is=-math.inf)
     backoff_until = _num(data, "backoff_until", problems, none_is=-math.inf)
@@ -254,6 +261,8 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         share_rebased_at={k: float(v) for k, v in maps["share_rebased_at"].items()},
         level_memory_s={k: float(v) for k, v in maps["level_memory_s"].items()},
         rebase_up_streak={k: int(v) for k, v in maps["rebase_up_streak"].items()},
+        answered=bool(flags["answered"]),
+        throttled=bool(flags["throttled"]),
     )
 
 

@@ -66,6 +66,7 @@ class WindowCalls:
     usage: Mapping[BudgetClass, float]  # summed over the window (in-flight: token-seconds)
     last_call_id: int
     pacer_wait_s: float = 0.0  # summed over the window's calls
+    answered: int = 0  # calls the provider answered with a success (ends the launch ramp)
 
     def stretch_progress(self, mean_gap_s: float) -> float | None:
         """1 / (1 + pacer wait per call / a task's mean gap between calls); None: no calls."""
@@ -158,6 +159,7 @@ def read_window(
             ok_sum(LlmCall.output_tokens),
             ok_sum((LlmCall.input_tokens + LlmCall.output_tokens) * LlmCall.latency_s),
             func.coalesce(func.sum(LlmCall.pacer_wait_s), 0.0),
+            func.count().filter(ok),
         ).where(*base)
     ).one()
     errors = conn.execute(
@@ -193,6 +195,7 @@ def read_window(
         },
         last_call_id=int(agg[1]),
         pacer_wait_s=float(agg[5]),
+        answered=int(agg[6]),
     )
 
 

@@ -196,6 +196,28 @@ class BudgetState:
     # when each class's seed was last re-based down (rule 5) on unknown 429s blamed by the
     # share of its budget used alone (no steadiness measured yet: ``planner.blame``)
     share_rebased_at: Mapping[BudgetClass, float] = field(default_factory=dict)
+    # the provider has answered the alias (a response, or headers stated before the seed), and
+    # it has rejected a call for a rate limit: together they end the launch ramp (``ramping``)
+    answered: bool = False
+    throttled: bool = False
+
+    def ramping(self) -> bool:
+        """Whether the fleet is still launched gradually (``planner.sizing.SizingConfig``'s
+        launch ramp): no 429 yet, and either no answer yet (every budget is the operator's
+        guess) or headers that state some limits but not every budgeted rate class's (those
+        classes are still guesses: a seed above its limit would launch a first cohort the
+        limit cannot serve, and the first 429 would come only after all of it booted).
+        Answers without headers end it: what they say comes only as 429s, and holding every
+        header-less run to a ramp until its first 429 would slow the runs whose seeds are
+        right."""
+        if self.throttled:
+            return False
+        if not self.answered:
+            return True
+        if self.observed_at is None:
+            return False
+        rate_classes = (c for c in self.budgets.classes() if c is not BudgetClass.INFLIGHT)
+        return any(c not in self.hard_caps for c in rate_classes)
 
     def in_cooldown(self, now: float) -> bool:
         """Launches are frozen: after a 429 (cooldown) or an overload (backoff)."""
@@ -240,6 +262,8 @@ class WindowObservation:
     ``grow_min_utilisation`` grow, and only budgets used at least ``rebase_up_min_utilisation``
     count towards a re-base up (a budget nobody presses against proves nothing). None: every
     clean budget grows, and none is re-based up.
+    ``answered``: how many of the window's calls the provider answered (successes; the launch
+    ramp, ``BudgetState.ramping``, lasts until the first).
     ``delivered``: per class, the rate the provider accepted (successful calls, their counted
     tokens, their output tokens; per second) over the last ``cooldown_s``; read only by a
     repeated cut (rule 4). None: cuts are by ``cut`` alone.
@@ -252,6 +276,7 @@ class WindowObservation:
     observed_limits: Mapping[LimitType, float] | None = None
     utilisation: Mapping[BudgetClass, float] | None = None
     delivered: Mapping[BudgetClass, float] | None = None
+    answered: int = 0
 
 
 @dataclass(frozen=True)

@@ -190,6 +190,7 @@ def initial_state(
     )
     if observed_limits:
         state, _notes = _apply_headers(state, observed_limits, now, cfg)
+        state = replace(state, answered=True)  # headers come with answers
         budgets = state.budgets
         for cls in state.observed:
             value = state.seed.get(cls)
@@ -368,6 +369,10 @@ def step(
     cut: list[BudgetClass] = []
     rebased: list[BudgetClass] = []
     cooldown_until: float | None = None
+    if (obs.answered > 0 or obs.observed_limits) and not state.answered:
+        state = replace(state, answered=True)
+    if rate_throttles and not state.throttled:
+        state = replace(state, throttled=True)
     if rate_throttles:
         longest = max((min(ra, config.max_freeze_s) for _, ra in rate_throttles if ra), default=0.0)
         state = replace(

@@ -19,7 +19,10 @@ class Binding(StrEnum):
     ``paused``: the run or pool is paused, nothing launches. ``no_work``: nothing is queued.
     ``cooldown``: a 429 froze launches. ``stale_config``: the alias config is older than the
     staleness limit and no header re-seeded it; the ceiling is computed from it but never 0 while
-    work is queued. ``ceiling_override`` / ``run_cap`` / ``at_capacity``: an operator override, the
+    work is queued. ``launch_ramp``: the provider has not answered yet (or its headers leave a
+    budgeted limit a guess) and no 429 has come, so the fleet grows by a bounded factor per
+    tick, not to the target at once (``planner.sizing.SizingConfig.ramp_growth``).
+    ``ceiling_override`` / ``run_cap`` / ``at_capacity``: an operator override, the
     run's cap or the static cap is below what the budgets allow. ``inflight_budget`` /
     ``qps_budget`` / ``arrival_budget``: projected in-flight tokens, calls/s or a token class would
     exceed what the pacer may hold back, so that budget stops the fleet short of its target.
@@ -38,6 +41,7 @@ class Binding(StrEnum):
     PAUSED = "paused"
     STALE_CONFIG = "stale_config"
     NO_WORK = "no_work"
+    LAUNCH_RAMP = "launch_ramp"
 
 
 class Quantity(StrEnum):

@@ -15,6 +15,11 @@ Owns the planner's core arithmetic (DESIGN.md, Planner steps 1-3 and 5):
   max_wait_s / mean gap between a task's calls``: a closed fleet paced at the budget stretches
   every task by its overdrive) and by the in-flight token budget; a bound that cuts the target
   names its budget (``qps_budget``, ``arrival_budget``, ``inflight_budget``).
+* A launch ramp (``FleetState.ramping``, from ``planner.budget_state.BudgetState.ramping``):
+  until the provider has answered, or while its headers leave a budgeted class a guess and no
+  429 has come, the ceiling grows at most ``ramp_growth`` x the live fleet per tick (from
+  ``ramp_floor``): a first cohort sized on a seed above the limit would all boot and call
+  before the first 429 could say so (binding ``launch_ramp``).
 * Caps, pause, cooldown and stale config turn the target into the ceiling and the launches
   allowed now (see ``Binding`` for the order).
 
@@ -109,6 +114,10 @@ class SizingConfig:
     age_bin_s: float = 5.0
     stale_floor: int = 1
     integration_age_s: float = 7200.0
+    # the launch ramp (``FleetState.ramping``): the ceiling is at most max(ramp_floor,
+    # ramp_growth x live) per tick; 50 tasks at 1.2x reach 500 in 13 ticks (about 3 minutes)
+    ramp_floor: int = 50
+    ramp_growth: float = 1.2
 
     def __post_init__(self) -> None:
         if not (self.horizon_s > 0 and self.step_s > 0 and self.horizon_s >= self.step_s):
@@ -126,6 +135,8 @@ class SizingConfig:
             raise ValueError("token_max_wait_s must be >= max_wait_s")
         if self.stale_floor < 1:
             raise ValueError("stale_floor must be >= 1")
+        if self.ramp_floor < 1 or not 1.0 < self.ramp_growth <= 4.0:
+            raise ValueError("ramp_floor must be >= 1 and ramp_growth within (1, 4]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +190,7 @@ class FleetState:
     in_cooldown: bool = False
     stale: bool = False
     progress: float = 1.0
+    ramping: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.progress <= 1.0:
@@ -408,6 +420,10 @@ def decide(
     ):
         if cap is not None and cap <= ceiling:
             ceiling, binding = max(cap, 0), name
+    if fleet.ramping:
+        ramp = max(config.ramp_floor, math.ceil(config.ramp_growth * live - 1e-9))
+        if ramp < ceiling:
+            ceiling, binding = ramp, Binding.LAUNCH_RAMP
     sized_by = binding if saturating is not None else None
     if fleet.stale:
         if fleet.queued > 0 and ceiling < config.stale_floor and binding not in _OPERATOR_CAPS:

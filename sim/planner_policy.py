@@ -394,6 +394,7 @@ class PlannerPolicy:
             observed_limits=observed,
             utilisation=usage.utilisation,
             delivered=self._delivered(now) if self._throttles else None,
+            answered=self._answered,
         )
         self._throttles.clear()
         self._answered = 0
@@ -411,6 +412,7 @@ class PlannerPolicy:
                 in_cooldown=self.state.in_cooldown(now),
                 stale=actions.stale,
                 progress=self.progress,
+                ramping=self.state.ramping(),
             ),
             self.curve,
             self.state.budgets,

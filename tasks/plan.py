@@ -254,6 +254,7 @@ def decide_all(
             in_cooldown=s.state.in_cooldown(t),
             stale=s.actions.stale,
             progress=s.progress,
+            ramping=s.state.ramping(),
         )
         counting = Counting(
             cached_input_counts=s.state.cached_input_counts,

@@ -100,12 +100,15 @@ def aliases() -> Aliases:
 
 
 def sizing_config() -> SizingConfig:
-    """The planner's sizing constants, with the settings' boot time and token overdrive."""
+    """The planner's sizing constants, with the settings' boot time, token overdrive and
+    launch ramp."""
     settings = get_settings()
     return SizingConfig(
         boot_s=settings.planner_boot_s,
         token_overdrive=settings.planner_token_overdrive,
         token_max_wait_s=settings.planner_token_max_wait_s,
+        ramp_floor=settings.planner_launch_ramp_floor,
+        ramp_growth=settings.planner_launch_ramp_growth,
     )
 
 
@@ -215,7 +218,12 @@ def _prior(
     if stored.config_version != version:  # an operator edited the pacer
         fresh = _seeded(conn, alias, row, now, cfg)
         state = replace(
-            fresh, cooldown_until=state.cooldown_until, backoff_until=state.backoff_until
+            fresh,
+            cooldown_until=state.cooldown_until,
+            backoff_until=state.backoff_until,
+            # what the provider said before the edit still holds: no new launch ramp
+            answered=state.answered or fresh.answered,
+            throttled=state.throttled,
         )
     window_s = max((now - stored.tick_at).total_seconds(), 1.0)
     overdrive, busy_since = stored.overdrive, stored.busy_since or now
@@ -338,6 +346,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             observed_limits=headers,
             utilisation=utilisation,
             delivered=delivered,
+            answered=window.answered,
         )
         state, actions = step(state, obs, cfg)
         if counts != state.cached_input_counts:

@@ -180,6 +180,20 @@ def add_calls(
         )
 
 
+def add_stated_limits(eng: Engine, limits: dict[str, float], at: datetime | None = None) -> None:
+    """A response whose rate-limit headers stated ``limits`` (per minute), 5 s before T0."""
+    with eng.begin() as conn:
+        conn.execute(
+            insert(AliasObservation).values(
+                alias=ALIAS,
+                observed_at=at or T0 - timedelta(seconds=5),
+                status=200,
+                headers={},
+                limits={"limits": limits, "remaining": {}},
+            )
+        )
+
+
 def stored(eng: Engine) -> pacer_state.StoredState:
     with eng.connect() as conn:
         s = pacer_state.load_state(conn, ALIAS)
@@ -257,16 +271,7 @@ def test_a_malformed_stored_state_is_a_config_error_naming_the_field() -> None:
 
 def test_a_tiny_request_limit_stated_by_the_provider_binds_qps_budget(plan_ledger: Engine) -> None:
     add_run(plan_ledger, running=2, queued=20)
-    with plan_ledger.begin() as conn:
-        conn.execute(
-            insert(AliasObservation).values(
-                alias=ALIAS,
-                observed_at=T0 - timedelta(seconds=5),
-                status=200,
-                headers={},
-                limits={"limits": {"requests": 3.0}, "remaining": {}},
-            )
-        )
+    add_stated_limits(plan_ledger, {"requests": 3.0})
     d = plan.plan_tick(T0, False)[ALIAS]
     assert d.binding.value == "qps_budget"
     assert d.budgets["calls_per_s"] == pytest.approx(3.0 / 60.0)
@@ -460,16 +465,9 @@ def test_a_stale_config_says_so_and_keeps_work_moving_until_headers_reseed_it(
     d = plan.plan_tick(T0, False)[ALIAS]
     assert d.binding.value == "stale_config" and d.stale
     assert d.ceiling >= 1 and d.launches_allowed >= 1  # never 0 while work is queued
-    with plan_ledger.begin() as conn:
-        conn.execute(
-            insert(AliasObservation).values(
-                alias=ALIAS,
-                observed_at=T0 + timedelta(seconds=5),
-                status=200,
-                headers={},
-                limits={"limits": {"requests": 300.0, "tokens": 1_200_000.0}, "remaining": {}},
-            )
-        )
+    add_stated_limits(
+        plan_ledger, {"requests": 300.0, "tokens": 1_200_000.0}, at=T0 + timedelta(seconds=5)
+    )
     d = plan.plan_tick(T0 + timedelta(seconds=15), False)[ALIAS]
     assert not d.stale and d.binding.value != "stale_config"
     assert d.budgets["calls_per_s"] == pytest.approx(5.0)
