@@ -95,7 +95,7 @@ class Settings(BaseSettings):
         "between calls); at least the 6 s a calls budget may project.",
     )
     planner_launch_ramp_floor: int = Field(
-        default=50,
+        default=100,
         ge=1,
         le=100_000,
         description="Until the provider has answered an alias (or while its rate-limit headers "

@@ -115,8 +115,8 @@ class SizingConfig:
     stale_floor: int = 1
     integration_age_s: float = 7200.0
     # the launch ramp (``FleetState.ramping``): the ceiling is at most max(ramp_floor,
-    # ramp_growth x live) per tick; 50 tasks at 1.2x reach 500 in 13 ticks (about 3 minutes)
-    ramp_floor: int = 50
+    # ramp_growth x live) per tick; 100 tasks at 1.2x reach 500 in 9 ticks (about 2 minutes)
+    ramp_floor: int = 100
     ramp_growth: float = 1.2
 
     def __post_init__(self) -> None:

@@ -4,6 +4,7 @@ controller's flags, in the sizing, through the ledger's planner tick, and in the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -24,11 +25,11 @@ from sim.limits import ProviderLimits
 from sim.metrics import limit_spec
 from sim.planner_policy import PlannerPolicy
 from sim.reveal import headers_now
-from sim.scenario import parse_scenario
+from sim.scenario import load_scenario
 from sim.workload import build_workload
 from tasks import plan
 from tests import test_plan_tick
-from tests.sim.test_sim import parametric
+from tests.sim.test_sim import ROOT
 from tests.test_plan_tick import ALIAS, T0, add_calls, add_run, add_stated_limits, stored
 from tests.test_sizing import B, flat_curve
 
@@ -39,6 +40,7 @@ CFG = ControllerConfig()
 SEED = Budgets(calls_per_s=50.0, tokens_per_s=25_000.0, output_tokens_per_s=5_000.0,
                inflight_tokens=2_000_000.0)  # fmt: skip
 SIZING = SizingConfig(boot_s=30.0)
+RAMP = SizingConfig()  # the default launch ramp: from 100 tasks, 1.2x per tick
 
 
 def fresh(**kw: Any) -> BudgetState:
@@ -125,11 +127,16 @@ def test_a_ramping_fleet_grows_by_the_factor_per_tick_from_the_floor() -> None:
                     SIZING).ceiling  # fmt: skip
     assert target > 1000
     first = decide(ramp_fleet(0), curve, budgets, Counting(), Caps(), SIZING)
-    assert (first.ceiling, first.binding, first.launches_allowed) == (50, Binding.LAUNCH_RAMP, 50)
+    floor = RAMP.ramp_floor
+    assert (first.ceiling, first.binding, first.launches_allowed) == (
+        floor,
+        Binding.LAUNCH_RAMP,
+        floor,
+    )
     assert first.target == target  # what the budgets asked for stays on the record
     assert not first.feeds_saturation  # a ramp-held fleet says nothing about the curve
-    later = decide(ramp_fleet(80, booting=20), curve, budgets, Counting(), Caps(), SIZING)
-    assert (later.ceiling, later.launches_allowed) == (120, 20)
+    later = decide(ramp_fleet(160, booting=40), curve, budgets, Counting(), Caps(), SIZING)
+    assert (later.ceiling, later.launches_allowed) == (240, 40)
 
 
 def test_a_cap_below_the_ramp_binds_and_a_target_below_it_is_kept() -> None:
@@ -138,7 +145,7 @@ def test_a_cap_below_the_ramp_binds_and_a_target_below_it_is_kept() -> None:
                     Caps(static=40), SIZING)  # fmt: skip
     assert (capped.ceiling, capped.binding) == (40, Binding.AT_CAPACITY)
     small = decide(ramp_fleet(0), curve, B(calls_per_s=2.0), Counting(), Caps(), SIZING)
-    assert small.binding is Binding.PACED and small.ceiling < 50
+    assert small.binding is Binding.PACED and small.ceiling < RAMP.ramp_floor
     frozen = decide(ramp_fleet(100, in_cooldown=True), curve, B(), Counting(), Caps(), SIZING)
     assert frozen.binding is Binding.COOLDOWN and frozen.launches_allowed == 0
 
@@ -190,30 +197,30 @@ def test_stated_headers_for_every_class_skip_the_ramp(
 
 
 def test_a_first_cohort_is_not_sized_on_a_seed_the_provider_has_not_confirmed() -> None:
-    """An output seed 3x the provider's output limit, which OpenAI-style headers do not state:
-    without the ramp the whole first cohort is launched on the seed before any call returns;
-    with it the fleet grows from 50 while the first answers and 429s come in."""
-    doc = parametric(instances=600, seed=5)
-    doc["provider"] = {"rpm": 20_000, "tpm": 40_000_000, "output_tpm": 60_000,
-                       "headers": "openai"}  # fmt: skip
-    doc["alias_config"] = {"calls_per_s": 300, "tokens_per_s": 600_000,
-                           "output_tokens_per_s": 3000, "inflight_tokens": 1e9}  # fmt: skip
-    doc["harness"]["boot_s"] = {"min": 60, "max": 90}
-    scenario = parse_scenario(doc, "s")
+    """The issue's example with an output seed 2.5x the provider's output limit, which
+    OpenAI-style headers do not state (``scenarios/outside/issue-example-openai-out-tight``):
+    without the ramp the whole first cohort is launched on the seed before any call returns,
+    several times the fleet the output limit sustains, and the run is slower for it; with it
+    the fleet grows from the ramp's floor while the first answers and 429s come in."""
+    scenario = load_scenario(ROOT / "scenarios" / "outside" / "issue-example-openai-out-tight.yaml")
+    boot = scenario.harness.boot_s
 
-    def run(ramp: bool) -> tuple[list[int], int]:
+    def run(ramp: bool) -> tuple[list[int], float]:
         workload = build_workload(scenario)
         provider = ProviderLimits(*limit_spec(scenario))
         # without the ramp: a floor no fleet here reaches
-        sizing = SizingConfig(boot_s=75.0, ramp_floor=50 if ramp else 10_000)
+        sizing = SizingConfig(
+            boot_s=(boot.min + boot.max) / 2.0, ramp_floor=RAMP.ramp_floor if ramp else 10_000
+        )
         policy = PlannerPolicy(
             scenario, workload, lambda now: headers_now("openai", provider, now), sizing=sizing
         )
         stats = Simulation(workload, policy, provider, "openai").run()
-        return [d.ceiling for d in policy.decisions], stats.peak_fleet
+        return [d.ceiling for d in policy.decisions], stats.makespan_s
 
-    (naive, naive_peak), (ramped, ramped_peak) = run(False), run(True)
-    settled = naive[12]  # three minutes in: the output limit found
-    assert naive[0] > 3 * settled  # the seed's first cohort, launched before any answer
-    assert ramped[:4] == [50, 60, 72, 87]  # the first minute: still booting, nothing answered
-    assert ramped_peak < 0.85 * naive_peak
+    (naive, naive_makespan), (ramped, ramped_makespan) = run(False), run(True)
+    settled = naive[40]  # ten minutes in: the output limit found
+    assert naive[0] > 2 * settled  # the seed's first cohort, launched before any answer
+    assert ramped[0] == RAMP.ramp_floor < naive[0]
+    assert ramped[1] == math.ceil(RAMP.ramp_growth * ramped[0] - 1e-9)
+    assert ramped_makespan < naive_makespan
