@@ -17,7 +17,6 @@ import yaml
 
 from evalfleet.errors import ConfigError
 from planner.budgets import BudgetClass, ControllerConfig
-from planner.sizing import SizingConfig
 from sim.bench import default_policies, run_policy, run_scenario, saturating_workers
 from sim.engine import Simulation
 from sim.limits import ProviderLimits
@@ -338,17 +337,10 @@ def test_unknown_429s_of_a_token_limit_do_not_cut_the_output_budget_to_nothing()
     limit, the output seed is right. Blaming the class used most relative to its budget cuts
     output at each 429 of the token limit, the cut output budget is then the most used, and
     it stays far below the provider's output limit: the run becomes output-bound. Blaming the
-    class whose accepted rate held steady across the 429s cuts the token budget instead.
-
-    Run without the launch ramp: in this file the ramp's smaller first cohort happens to draw
-    the first 429s at a level the share rule blames rightly (the naive blame then ends at 0.47x
-    the output limit and finishes in 6,663 s, the steady one in 6,703 s). Without headers the ramp ends at the first answer,
-    so a fleet sized on a seed 3x the limit still meets its first 429s elsewhere."""
+    class whose accepted rate held steady across the 429s cuts the token budget instead."""
     doc = yaml.safe_load((ROOT / "scenarios" / "parametric-seed-high-no-headers.yaml").read_text())
     scenario = parse_scenario(doc, "s")
     output_limit_per_s = 400_000 / 60.0
-    boot = scenario.harness.boot_s
-    no_ramp = SizingConfig(boot_s=(boot.min + boot.max) / 2.0, ramp_floor=100_000)
 
     def run(controller: ControllerConfig) -> tuple[float, dict[str, Any]]:
         """The median output budget after 30 min, and the result row."""
@@ -360,7 +352,6 @@ def test_unknown_429s_of_a_token_limit_do_not_cut_the_output_budget_to_nothing()
             workload,
             lambda now: headers_now("none", provider, now),
             controller=controller,
-            sizing=no_ramp,
         )
         seen: list[float] = []
         tick = policy.tick
@@ -380,7 +371,9 @@ def test_unknown_429s_of_a_token_limit_do_not_cut_the_output_budget_to_nothing()
     assert steady_output >= 0.5 * output_limit_per_s, steady_output
     assert naive_output < 0.3 * output_limit_per_s, naive_output  # the naive blame starves it
     # the naive run is output-bound, where the pacer's task-age order recovers part of its
-    # loss: 6,653 s vs 7,323 s (9%) before that order, 6,683 s vs 7,005 s (4.6%) with it
+    # loss: 6,653 s vs 7,323 s (9%) before that order, 6,683 s vs 7,005 s (4.6%) with it,
+    # 6,631 s vs 7,021 s (5.6%) with the launch ramp from 100 (from 50 the ramp's first cohort
+    # met the first 429s at a level the share rule blamed rightly: no loop in this file)
     assert steady_row["makespan_s"] < 0.97 * naive_row["makespan_s"]
     assert steady_row["ratio"] <= 1.2
 
