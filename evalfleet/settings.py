@@ -108,7 +108,7 @@ class Settings(BaseSettings):
         gt=1.0,
         le=4.0,
         description="How much the launch ramp lets an alias's fleet grow per planner tick "
-        "(see planner_launch_ramp_floor); 4 all but turns it off.",
+        "(see planner_launch_ramp_floor; a floor above any fleet turns the ramp off).",
     )
     supervisor_tick_s: float = Field(
         default=30.0, ge=1.0, le=600.0, description="Seconds between supervisor ticks."

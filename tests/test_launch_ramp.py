@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine
 
+from evalfleet.errors import ConfigError
 from ledger import pacer_state
 from planner.budgets import Budgets, BudgetState, ControllerConfig, WindowObservation, step
 from planner.budgets import initial_state as seeded
@@ -103,7 +104,7 @@ def test_the_flags_persist_and_a_state_saved_before_them_does_not_ramp() -> None
     old = {k: v for k, v in pacer_state.state_to_json(fresh()).items()
            if k not in ("answered", "throttled")}  # fmt: skip
     assert not pacer_state.state_from_json(old, source="t").ramping()
-    with pytest.raises(Exception, match="answered: must be true or false"):
+    with pytest.raises(ConfigError, match="answered: must be true or false"):
         pacer_state.state_from_json({**data, "answered": "yes"}, source="t")
 
 
