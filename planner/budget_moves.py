@@ -46,8 +46,10 @@ def cut(
             # (OpenAI), retries can keep the bucket so empty that little is accepted at all
             measured = delivered * (1.0 - config.probe_margin)
             new_value = max(min(new_value, measured), level * config.cut * config.cut)
-    if config.cut_to_seed and level > seed_value:
-        new_value = min(new_value, seed_value)  # the room above the seed was not there
+    if config.cut_to_seed and level > seed_value and not state.is_stale(now):
+        # the room above the seed was not there (a stale seed is no better a guess than the
+        # level the provider just rejected: the cut stands)
+        new_value = min(new_value, seed_value)
     new_value = max(new_value, seed_value * config.min_fraction)
     if not blamed:
         return (
@@ -58,7 +60,7 @@ def cut(
             ),
             False,
         )
-    remembered, memory = _level_memory(state, cls, level, now, config)
+    remembered, memory = _level_memory(state, cls, level, now, config, unchecked=unchecked)
     cuts = tuple(t for t in state.cuts_below_seed.get(cls, ()) if now - t <= config.rebase_period_s)
     seed = state.seed
     rebased = False
@@ -107,7 +109,13 @@ def _speedup(state: BudgetState, cls: BudgetClass, now: float, config: Controlle
 
 
 def _level_memory(
-    state: BudgetState, cls: BudgetClass, level: float, now: float, config: ControllerConfig
+    state: BudgetState,
+    cls: BudgetClass,
+    level: float,
+    now: float,
+    config: ControllerConfig,
+    *,
+    unchecked: bool = False,
 ) -> tuple[float, float]:
     """The level a 429 at ``level`` leaves remembered, and for how long it caps growth.
 
@@ -116,14 +124,22 @@ def _level_memory(
     ``reprobe_same`` x it) the limit has not moved, so the old level stays (growth goes back at
     once to what held for the whole memory, not down a staircase of 429s from the higher level
     the per-minute bucket let the re-probe reach) and the memory doubles, up to
-    ``memory_max_s``; higher, the limit rose: its level, remembered for ``memory_s``."""
+    ``memory_max_s``; higher, the limit rose: its level, remembered for ``memory_s``.
+
+    An ``unchecked`` blame (an unknown 429 put on this class by the share rule alone) is a
+    guess: a new level it leaves is remembered for ``unchecked_memory_s`` only, so a wrong
+    guess holds the class below a limit it never hit for minutes, not for twenty; a re-probe
+    that draws a 429 at about the same level confirms it as above."""
+    fresh = min(config.unchecked_memory_s, config.memory_s) if unchecked else config.memory_s
     previous = state.last_429_level.get(cls)
-    memory = state.level_memory_s.get(cls, config.memory_s)
-    if previous is None or state.remembers_429_level(cls, now, config):
-        return level, memory
+    memory = state.level_memory_s.get(cls, fresh)
+    if previous is None:
+        return level, fresh
+    if state.remembers_429_level(cls, now, config):
+        return level, max(memory, fresh)  # a checked blame is remembered as long as ever
     if level <= previous * config.reprobe_same:
         return min(level, previous), min(2.0 * memory, config.memory_max_s)
-    return level, config.memory_s
+    return level, fresh
 
 
 def _eased(
@@ -141,12 +157,18 @@ def _eased(
     )
 
 
+def over_seed(state: BudgetState, now: float, config: ControllerConfig) -> float:
+    """The growth ceiling as a multiple of the seed: ``max_over_seed``, or
+    ``stale_max_over_seed`` while the seed is stale (no headers re-seeded it)."""
+    return config.stale_max_over_seed if state.is_stale(now) else config.max_over_seed
+
+
 def _ceiling(state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig) -> float:
-    """How high growth may take the class: ``max_over_seed`` x its seed, a header's hard cap,
+    """How high growth may take the class: ``over_seed`` x its seed, a header's hard cap,
     and ``probe_margin`` below a 429 level it remembers."""
     seed_value = state.seed.get(cls)
     assert seed_value is not None
-    ceiling = seed_value * config.max_over_seed
+    ceiling = seed_value * over_seed(state, now, config)
     if cls in state.hard_caps:
         ceiling = min(ceiling, state.hard_caps[cls])
     remembered = state.level_cap(cls, now, config)
@@ -185,9 +207,8 @@ def rebased_up(
         level = state.budgets.get(cls)
         seed_value = seed.get(cls)
         assert level is not None and seed_value is not None
-        held_by_seed = level >= seed_value * config.max_over_seed * (1.0 - 1e-9) and (
-            _ceiling(state, cls, now, config) >= seed_value * config.max_over_seed * (1.0 - 1e-9)
-        )
+        top = seed_value * over_seed(state, now, config) * (1.0 - 1e-9)
+        held_by_seed = level >= top and _ceiling(state, cls, now, config) >= top
         if cls not in used or not held_by_seed:
             since.pop(cls, None)
             continue

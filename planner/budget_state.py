@@ -92,6 +92,9 @@ class ControllerConfig:
     window_s: float = 15.0  # one planner tick [1, 300]
     growth: float = 0.05  # per clean window (0, 0.5]
     max_over_seed: float = 1.5  # growth ceiling, multiple of the seed [1, 4]
+    # the same for a stale seed nothing has confirmed (no headers re-seeded it) [max_over_seed,
+    # 10]: an old guess may be far off either way, and a 429 cuts it as any other
+    stale_max_over_seed: float = 3.0
     cut: float = 0.75  # budget multiplier on a 429 [0.1, 0.95]
     cooldown_s: float = 30.0  # launch freeze after a 429; one cut per class per cooldown [0, 600]
     max_freeze_s: float = 300.0  # bound on a freeze stretched by retry-after [0, 3600]
@@ -103,6 +106,9 @@ class ControllerConfig:
     memory_s: float = 1200.0
     memory_max_s: float = 4800.0
     reprobe_same: float = 1.2
+    # how long a level blamed on an unknown 429 by the share rule alone caps growth, until a
+    # re-probe confirms it (at most memory_s) [0, 86400]
+    unchecked_memory_s: float = 600.0
     probe_margin: float = 0.05  # growth stays this far below a recent 429 level [0, 0.5]
     rebase_cuts: int = 2  # cuts below the seed ... [1, 20]
     rebase_period_s: float = 1800.0  # ... within this period re-base the seed [0, 86400]
@@ -136,12 +142,14 @@ class ControllerConfig:
         _bounded("window_s", self.window_s, 1.0, 300.0, p)
         _bounded("growth", self.growth, 1e-6, 0.5, p)
         _bounded("max_over_seed", self.max_over_seed, 1.0, 4.0, p)
+        _bounded("stale_max_over_seed", self.stale_max_over_seed, self.max_over_seed, 10.0, p)
         _bounded("cut", self.cut, 0.1, 0.95, p)
         _bounded("cooldown_s", self.cooldown_s, 0.0, 600.0, p)
         _bounded("max_freeze_s", self.max_freeze_s, 0.0, 3600.0, p)
         _bounded("memory_s", self.memory_s, 0.0, 86400.0, p)
         _bounded("memory_max_s", self.memory_max_s, self.memory_s, 86400.0, p)
         _bounded("reprobe_same", self.reprobe_same, 1.0, 4.0, p)
+        _bounded("unchecked_memory_s", self.unchecked_memory_s, 0.0, 86400.0, p)
         _bounded("probe_margin", self.probe_margin, 0.0, 0.5, p)
         _bounded("rebase_cuts", self.rebase_cuts, 1, 20, p)
         _bounded("rebase_period_s", self.rebase_period_s, 0.0, 86400.0, p)

@@ -18,7 +18,9 @@ Rules, in the order ``step`` applies them:
    above ``(1 - probe_margin)`` x a level that drew a 429 within ``memory_s``.
 2. Stale seed (``now - seeded_at > stale_after_s``): re-seed from the latest header limits seen
    within ``stale_after_s`` when there are any; otherwise keep the values and report ``stale``.
-   Budgets are never 0: every budget is floored at ``min_fraction`` of its seed (> 0).
+   A stale seed nothing re-seeded is a guess either way: growth may take a budget to
+   ``stale_max_over_seed`` x it (3x, not 1.5x: rule 6), and a 429 above it cuts by ``cut``
+   from the level reached, not down to the seed (rule 4's ``cut_to_seed``). Budgets are never 0: every budget is floored at ``min_fraction`` of its seed (> 0).
 3. Spend/billing errors → ``pause_run``. Overload (529/503) and a per-day limit's 429
    (``DAILY``: no per-minute budget was what ran out) → ``backoff_until``, no cut.
 4. A 429 → launch freeze (``cooldown_until = now + max(cooldown_s, retry-after)``, the
@@ -27,7 +29,7 @@ Rules, in the order ``step`` applies them:
    for a combined alias with no output budget; unknown→every budget), by ``cut``, and at least
    down to the seed when it was above it (``cut_to_seed``: with per-minute provider buckets a
    small overshoot shows up only minutes later, so the room found above the seed was not
-   there). A class is cut at most once
+   there; not for a stale seed, rule 2). A class is cut at most once
    per ``cooldown_s`` (429s of calls sent before the cut do not cut again). A cut that follows
    an earlier cut of the class within ``2 x cooldown_s`` (the provider kept rejecting through
    a whole cooldown) goes down to ``(1 - probe_margin)`` x what the provider accepted over that
@@ -46,7 +48,10 @@ Rules, in the order ``step`` applies them:
    found within 20 minutes. A 429 of an unknown limit draws the blame only on
    the class the provider accepted most of relative to its budget (when what it accepted was
    measured): the other classes are cut too, but their levels stay allowed and the cut does
-   not count towards a re-base. Once ``blame_min_samples`` unknown 429s (one per episode)
+   not count towards a re-base; and as that blame is a guess, the level it leaves caps growth
+   for ``unchecked_memory_s`` (10 minutes) until a re-probe at about that level confirms it
+   (a wrong guess held a token budget at half its limit for 20 minutes while the 429s were
+   the output limit's). Once ``blame_min_samples`` unknown 429s (one per episode)
    have been measured, the blame is only among the classes whose accepted rate held steady
    across them (the binding limit accepts its limit each time; the other classes move with
    the mix of calls and with our cuts), and the 429 memory earlier unknown 429s left on the
@@ -60,8 +65,8 @@ Rules, in the order ``step`` applies them:
 6. A clean window (no 429 of that class, no freeze or backoff overlapping the window, and,
    when the observation reports it, the budget used at least ``grow_min_utilisation``, by
    default 0, in a window in which the alias sent something) grows a
-   budget by ``growth`` up to min(max_over_seed x seed, hard cap, recent 429 level x (1 -
-   probe_margin)).
+   budget by ``growth`` up to min(max_over_seed x seed (``stale_max_over_seed`` x a stale
+   one), hard cap, recent 429 level x (1 - probe_margin)).
 7. A budget held at max_over_seed x its seed by that ceiling alone (no header limit or recent
    429 level below it), clean and used at least ``rebase_up_min_utilisation`` for
    ``rebase_up_s``, re-bases its seed to its level: the provider accepted half as much again

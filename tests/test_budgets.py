@@ -312,6 +312,23 @@ def test_stale_never_yields_zero_even_under_repeated_unknown_429s() -> None:
             assert value is not None and value > 0
 
 
+def test_a_stale_seed_without_headers_is_a_guess_either_way() -> None:
+    """A ten-hour-old seed nothing has confirmed may be far below the provider's limits
+    (``tr-stale-low-none``: 0.35x): growth may take it to ``stale_max_over_seed`` x, not only
+    1.5x, and a 429 up there cuts by ``cut`` from the level reached, not back down to the
+    stale seed (which threw the fleet back to a third of the limit)."""
+    hours7 = 7 * 3600.0
+    stale, t = _clean_until(fresh(now=hours7, seeded_at=0.0), hours7, hours7 + 600.0)
+    current, _ = _clean_until(fresh(now=hours7, seeded_at=hours7), hours7, hours7 + 600.0)
+    assert current.budgets.tokens_per_s == pytest.approx(CFG.max_over_seed * SEED.tokens_per_s)
+    assert stale.budgets.tokens_per_s == pytest.approx(CFG.stale_max_over_seed * SEED.tokens_per_s)
+    level = stale.budgets.tokens_per_s
+    stale, _ = window(stale, t + CFG.window_s, LimitType.INPUT_TOKENS)
+    assert stale.budgets.tokens_per_s == pytest.approx(level * CFG.cut)
+    current, _ = window(current, t + CFG.window_s, LimitType.INPUT_TOKENS)
+    assert current.budgets.tokens_per_s == pytest.approx(SEED.tokens_per_s)  # to the seed
+
+
 def test_stale_config_reseeds_from_the_latest_headers() -> None:
     s = fresh(now=0.0, seeded_at=-5 * 3600.0)  # config written 5 h before start
     s, _ = window(s, 3600.0)  # no headers yet
@@ -356,6 +373,10 @@ def test_operator_rebase() -> None:
 def test_bad_values_are_clear_errors() -> None:
     with pytest.raises(ConfigError, match="growth"):
         ControllerConfig(growth=2.0)
+    with pytest.raises(ConfigError, match="stale_max_over_seed"):
+        ControllerConfig(stale_max_over_seed=1.2)  # below max_over_seed
+    with pytest.raises(ConfigError, match="unchecked_memory_s"):
+        ControllerConfig(unchecked_memory_s=-1.0)
     with pytest.raises(ConfigError, match="calls_per_s"):
         Budgets(calls_per_s=0, tokens_per_s=1, output_tokens_per_s=None, inflight_tokens=1)
     with pytest.raises(ConfigError, match="tokens_per_s"):
@@ -437,10 +458,7 @@ def test_an_unknown_429_caps_only_the_pressed_class_below_its_level() -> None:
     assert s.budgets.calls_per_s == pytest.approx(SEED.calls_per_s * CFG.cut)
     assert set(s.last_429_level) == {BudgetClass.TOKENS}  # ... only tokens drew the 429
     assert s.cuts_below_seed.get(BudgetClass.REQUESTS, ()) == ()  # no re-base count
-    t = 15.0
-    for _ in range(40):
-        t += CFG.window_s
-        s, _ = window(s, t)
+    s, _ = _clean_until(s, 15.0, 15.0 + CFG.unchecked_memory_s - CFG.window_s)
     assert s.budgets.calls_per_s > SEED.calls_per_s  # regrown past the level of the 429
     assert s.budgets.tokens_per_s == pytest.approx(
         SEED.tokens_per_s * (1 - CFG.probe_margin)
@@ -450,11 +468,39 @@ def test_an_unknown_429_caps_only_the_pressed_class_below_its_level() -> None:
 def test_an_unknown_429_with_nothing_measured_blames_every_class() -> None:
     s, _ = window(fresh(), 15.0, LimitType.UNKNOWN)
     assert set(s.last_429_level) == set(BudgetClass)
-    t = 15.0
-    for _ in range(40):
-        t += CFG.window_s
-        s, _ = window(s, t)
+    s, _ = _clean_until(s, 15.0, 15.0 + CFG.unchecked_memory_s - CFG.window_s)
     assert s.budgets.calls_per_s == pytest.approx(SEED.calls_per_s * (1 - CFG.probe_margin))
+
+
+def test_a_guessed_blame_is_remembered_briefly_a_named_one_for_the_full_memory() -> None:
+    """Without headers the class an unknown 429 is put on is a guess (the share rule's): a
+    wrong one held a token budget at half the provider's token limit for twenty minutes
+    while the 429s were the output limit's (``issue-example-none-out-tight``). Its level caps
+    growth for ``unchecked_memory_s`` only; a 429 that names the class, for ``memory_s``; a
+    re-probe that draws a 429 at about the guessed level confirms it (twice as long)."""
+    assert CFG.unchecked_memory_s < CFG.memory_s
+    accepted = {BudgetClass.TOKENS: 24_000.0, BudgetClass.REQUESTS: 10.0}
+    guessed, _ = window(fresh(), 15.0, LimitType.UNKNOWN, delivered=accepted)
+    named, _ = window(fresh(), 15.0, LimitType.INPUT_TOKENS, delivered=accepted)
+    assert guessed.last_429_level == named.last_429_level == {TOK: SEED.tokens_per_s}
+    assert guessed.level_memory_s[TOK] == CFG.unchecked_memory_s
+    assert named.level_memory_s[TOK] == CFG.memory_s
+    cap = SEED.tokens_per_s * (1 - CFG.probe_margin)
+    until = 15.0 + CFG.unchecked_memory_s + 2 * CFG.window_s
+    guessed, t = _clean_until(guessed, 15.0, until)
+    named, _ = _clean_until(named, 15.0, until)
+    assert named.budgets.tokens_per_s == pytest.approx(cap)  # still held
+    assert guessed.budgets.tokens_per_s > SEED.tokens_per_s  # re-probing past the guess
+    t += CFG.window_s
+    again = {BudgetClass.TOKENS: guessed.budgets.tokens_per_s, BudgetClass.REQUESTS: 10.0}
+    guessed, _ = window(guessed, t, LimitType.UNKNOWN, delivered=again)
+    assert guessed.last_429_level[TOK] == SEED.tokens_per_s  # confirmed: the old level
+    assert guessed.level_memory_s[TOK] == 2 * CFG.unchecked_memory_s
+    # the naive controller holds the guess as long as a named limit
+    naive = replace(CFG, unchecked_memory_s=CFG.memory_s)
+    held, _ = step(fresh(), WindowObservation(now=15.0, throttles=((LimitType.UNKNOWN, None),),
+                   delivered=accepted), naive)  # fmt: skip
+    assert held.level_memory_s[TOK] == CFG.memory_s
 
 
 def test_a_newly_stated_header_limit_lifts_a_low_budget_at_once() -> None:
