@@ -1,0 +1,183 @@
+"""The budget controller's blame of a 429 (rule 4 of ``planner.budgets``, ``planner.blame``):
+which class a 429 of an unknown limit is put on, what is measured of it, and how long a guess
+is held. Split from ``test_budgets.py``; the helpers are shared through ``budget_support``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.budgets import (
+    BudgetClass,
+    BudgetState,
+    ControllerConfig,
+    WindowObservation,
+    step,
+)
+from planner.classify import LimitType
+from tests.budget_support import CFG, OUT, REQ, SEED, TOK, clean_until, fresh, window
+
+
+def test_an_unknown_repeated_429_measures_only_the_most_pressed_class() -> None:
+    first, _ = window(fresh(), 15.0, LimitType.UNKNOWN)
+    # tokens accepted at ~60% of their budget, requests at 10%: tokens are the limit hit
+    accepted = {
+        BudgetClass.TOKENS: 0.6 * first.budgets.tokens_per_s,
+        BudgetClass.REQUESTS: 0.1 * first.budgets.calls_per_s,
+        BudgetClass.OUTPUT_TOKENS: 0.2 * (first.budgets.output_tokens_per_s or 0.0),
+    }
+    s, _ = window(first, 15.0 + CFG.cooldown_s, LimitType.UNKNOWN, delivered=accepted)
+    assert s.budgets.tokens_per_s == pytest.approx(
+        accepted[BudgetClass.TOKENS] * (1 - CFG.probe_margin)
+    )
+    assert s.budgets.calls_per_s == pytest.approx(first.budgets.calls_per_s * CFG.cut)
+
+
+def test_an_unknown_429_caps_only_the_pressed_class_below_its_level() -> None:
+    """An unknown 429 cuts every budget (any may be the limit hit), but only the class the
+    provider accepted most of draws the 429: the others' levels stay allowed. A naive
+    controller remembers every level, and a token limit's 429s keep the request budget
+    below 0.95x its pre-429 level for an hour, though the request limit was never hit."""
+    start = fresh()
+    accepted = {
+        BudgetClass.TOKENS: 0.98 * start.budgets.tokens_per_s,
+        BudgetClass.REQUESTS: 0.4 * start.budgets.calls_per_s,
+        BudgetClass.OUTPUT_TOKENS: 0.3 * (start.budgets.output_tokens_per_s or 0.0),
+    }
+    s, a = window(start, 15.0, LimitType.UNKNOWN, delivered=accepted)
+    assert set(a.cut) == set(BudgetClass)  # every budget is cut ...
+    assert s.budgets.calls_per_s == pytest.approx(SEED.calls_per_s * CFG.cut)
+    assert set(s.last_429_level) == {BudgetClass.TOKENS}  # ... only tokens drew the 429
+    assert s.cuts_below_seed.get(BudgetClass.REQUESTS, ()) == ()  # no re-base count
+    s, _ = clean_until(s, 15.0, 15.0 + CFG.unchecked_memory_s - CFG.window_s)
+    assert s.budgets.calls_per_s > SEED.calls_per_s  # regrown past the level of the 429
+    assert s.budgets.tokens_per_s == pytest.approx(
+        SEED.tokens_per_s * (1 - CFG.probe_margin)
+    )  # the level that drew it stays capped
+
+
+def test_an_unknown_429_with_nothing_measured_blames_every_class() -> None:
+    s, _ = window(fresh(), 15.0, LimitType.UNKNOWN)
+    assert set(s.last_429_level) == set(BudgetClass)
+    s, _ = clean_until(s, 15.0, 15.0 + CFG.unchecked_memory_s - CFG.window_s)
+    assert s.budgets.calls_per_s == pytest.approx(SEED.calls_per_s * (1 - CFG.probe_margin))
+
+
+def test_a_guessed_blame_is_remembered_briefly_a_named_one_for_the_full_memory() -> None:
+    """Without headers the class an unknown 429 is put on is a guess (the share rule's): a
+    wrong one held a token budget at half the provider's token limit for twenty minutes
+    while the 429s were the output limit's (``issue-example-none-out-tight``). Its level caps
+    growth for ``unchecked_memory_s`` only; a 429 that names the class, for ``memory_s``; a
+    re-probe that draws a 429 at about the guessed level confirms it (twice as long)."""
+    assert CFG.unchecked_memory_s < CFG.memory_s
+    accepted = {BudgetClass.TOKENS: 24_000.0, BudgetClass.REQUESTS: 10.0}
+    guessed, _ = window(fresh(), 15.0, LimitType.UNKNOWN, delivered=accepted)
+    named, _ = window(fresh(), 15.0, LimitType.INPUT_TOKENS, delivered=accepted)
+    assert guessed.last_429_level == named.last_429_level == {TOK: SEED.tokens_per_s}
+    assert guessed.level_memory_s[TOK] == CFG.unchecked_memory_s
+    assert named.level_memory_s[TOK] == CFG.memory_s
+    cap = SEED.tokens_per_s * (1 - CFG.probe_margin)
+    until = 15.0 + CFG.unchecked_memory_s + 2 * CFG.window_s
+    guessed, t = clean_until(guessed, 15.0, until)
+    named, _ = clean_until(named, 15.0, until)
+    assert named.budgets.tokens_per_s == pytest.approx(cap)  # still held
+    assert guessed.budgets.tokens_per_s > SEED.tokens_per_s  # re-probing past the guess
+    t += CFG.window_s
+    again = {BudgetClass.TOKENS: guessed.budgets.tokens_per_s, BudgetClass.REQUESTS: 10.0}
+    guessed, _ = window(guessed, t, LimitType.UNKNOWN, delivered=again)
+    assert guessed.last_429_level[TOK] == SEED.tokens_per_s  # confirmed: the old level
+    assert guessed.level_memory_s[TOK] == 2 * CFG.unchecked_memory_s
+    # the naive controller holds the guess as long as a named limit
+    naive = replace(CFG, unchecked_memory_s=CFG.memory_s)
+    held, _ = step(fresh(), WindowObservation(now=15.0, throttles=((LimitType.UNKNOWN, None),),
+                   delivered=accepted), naive)  # fmt: skip
+    assert held.level_memory_s[TOK] == CFG.memory_s
+
+
+def _unknown_429s(
+    cfg: ControllerConfig, rates: list[dict[BudgetClass, float]], start: float = 15.0
+) -> tuple[BudgetState, list[str]]:
+    """A 429 of an unknown limit every 120 s, the provider having accepted ``rates``."""
+    s, notes = fresh(), []
+    for i, accepted in enumerate(rates):
+        obs = WindowObservation(
+            now=start + 120.0 * i, throttles=((LimitType.UNKNOWN, None),), delivered=accepted
+        )
+        s, actions = step(s, obs, cfg)
+        notes.extend(actions.notes)
+    return s, notes
+
+
+def test_an_unknown_429s_blame_goes_to_the_class_accepted_steadily_not_the_cut_one() -> None:
+    """A wrong blame feeds itself: the output budget, blamed and cut, becomes the class used
+    most relative to its budget, so a naive controller blames it at every 429 of the token
+    limit and cuts it far below the provider's output limit. Here the provider accepts ~16k
+    tokens/s at each 429 (its token limit; the token seed of 25k was high) while the output
+    it accepts falls with each cut of the output budget: tokens are blamed, and output's 429
+    memory is dropped."""
+    outputs = [4_900.0, 3_700.0, 2_900.0, 2_300.0]
+    rates = [
+        {TOK: tok, REQ: 10.0 * out / 4_900.0, OUT: out}
+        for tok, out in zip([16_000.0, 15_400.0, 16_300.0, 15_800.0], outputs, strict=True)
+    ]
+    s, notes = _unknown_429s(CFG, rates)
+    assert set(s.last_429_level) == {TOK}
+    assert any(n.startswith("output_tokens: unknown 429s hit the tokens limit") for n in notes)
+    naive, _ = _unknown_429s(replace(CFG, blame_samples=0), rates)
+    assert OUT in naive.last_429_level  # the highest share of its budget: blamed, remembered
+
+
+def test_an_unknown_429s_blame_is_not_fooled_by_the_mix_of_calls() -> None:
+    """The request limit binds (~1.6 calls/s accepted at each 429) while tokens per call grow
+    as the tasks age: the accepted token rate climbs, and with a low token budget tokens use
+    the highest share of theirs. The steady class, requests, is blamed."""
+    rates = [{REQ: r, TOK: t, OUT: 300.0 * r}
+             for r, t in [(1.6, 12_000.0), (1.55, 16_000.0), (1.65, 21_000.0), (1.6, 24_000.0)]]  # fmt: skip
+    low_tokens = replace(fresh(), budgets=replace(SEED, tokens_per_s=20_000.0, calls_per_s=2.0))
+    s = low_tokens
+    for i, accepted in enumerate(rates):
+        obs = WindowObservation(
+            now=15.0 + 120.0 * i, throttles=((LimitType.UNKNOWN, None),), delivered=accepted
+        )
+        s, _ = step(s, obs, CFG)
+    assert set(s.last_429_level) == {REQ}
+
+
+def test_steady_rates_do_not_overrule_a_share_blame_pressed_above_its_seed() -> None:
+    """The request limit binds: at each unknown 429 the provider accepted (about) all the calls
+    the request budget allowed, and growth re-probes a little under the last 429's level, above
+    the seed. The token rate it accepted happens to hold steadier (a fleet the request limit
+    holds still sends a steady token rate). Outside the share rule's loop (the blamed class
+    below its seed, or re-based down on the share rule alone) steadiness does not overrule
+    it: requests stay blamed and keep their 429 memory (dropping it re-probes the request
+    limit already found, and draws 429s a fixed fleet as fast does not)."""
+    tokens = [16_000.0, 16_500.0, 16_200.0, 15_900.0]
+    outputs = [6_000.0, 5_800.0, 5_200.0, 5_000.0]
+    notes: list[str] = []
+    s, now = fresh(), 0.0
+    for tok, out in zip(tokens, outputs, strict=True):
+        for _ in range(40):  # clean windows: every budget grows back to its cap
+            now += 15.0
+            s, _ = step(s, WindowObservation(now=now), CFG)
+        now += 15.0
+        calls = s.budgets.calls_per_s
+        assert calls >= SEED.calls_per_s
+        accepted = {REQ: 0.98 * calls, TOK: tok, OUT: out}
+        obs = WindowObservation(now=now, throttles=((LimitType.UNKNOWN, None),), delivered=accepted)
+        s, actions = step(s, obs, CFG)
+        notes.extend(actions.notes)
+    assert len(s.unknown_samples) == 4
+    assert set(s.last_429_level) == {REQ}
+    assert not any("429 memory is dropped" in n for n in notes)
+
+
+def test_too_few_or_equally_steady_samples_keep_the_share_rule() -> None:
+    """Before ``blame_min_samples`` unknown 429s, or when no class is clearly steadier, the
+    blame stays on the class used most relative to its budget."""
+    two, _ = _unknown_429s(CFG, [{TOK: 24_000.0, REQ: 20.0, OUT: 2_000.0}] * 2)
+    assert set(two.last_429_level) == {TOK}
+    same = [{TOK: 24_000.0 * f, REQ: 20.0 * f, OUT: 2_000.0 * f} for f in (1.0, 0.6, 0.8, 0.5)]
+    s, _ = _unknown_429s(CFG, same)  # every class moved together: the limit itself dropped
+    assert set(s.last_429_level) == {TOK}
+    assert len(s.unknown_samples) == 4
