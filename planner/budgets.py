@@ -67,8 +67,8 @@ Rules, in the order ``step`` applies them:
    default 0, in a window in which the alias sent something) grows a
    budget by ``growth`` up to min(max_over_seed x seed (``stale_max_over_seed`` x a stale
    one), hard cap, recent 429 level x (1 - probe_margin)).
-7. A budget held at max_over_seed x its seed by that ceiling alone (no header limit or recent
-   429 level below it), clean and used at least ``rebase_up_min_utilisation`` for
+7. A budget held at max_over_seed x its seed (rule 6's ceiling) by that ceiling alone (no
+   header limit or recent 429 level below it), clean and used at least ``rebase_up_min_utilisation`` for
    ``rebase_up_s``, re-bases its seed to its level: the provider accepted half as much again
    as the seed said for that long, so the seed was low (an operator's guess, or a limit raised
    mid-run). Growth then goes on, +5% per window up to 1.5x the new seed; the first 429 cuts
@@ -459,7 +459,8 @@ def step(
         for cls in rebased_up:
             rebased.append(cls)
             notes.append(
-                f"{cls}: clean and used at {config.max_over_seed:g}x its seed for "
+                f"{cls}: clean and used at "
+                f"{budget_moves.over_seed(state, now, config):g}x its seed for "
                 f"{config.rebase_up_s:g} s: seed re-based up to {state.seed.get(cls):.6g}"
             )
 
