@@ -30,7 +30,7 @@ from sim.scenario import load_scenario
 from sim.workload import build_workload
 from tasks import plan
 from tests import test_plan_tick
-from tests.sim.test_sim import ROOT
+from tests.sim.sim_support import ROOT
 from tests.test_plan_tick import ALIAS, T0, add_calls, add_run, add_stated_limits, stored
 from tests.test_sizing import B, flat_curve
 

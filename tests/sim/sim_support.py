@@ -1,0 +1,36 @@
+"""Helpers shared by the simulator's tests: the project root and a small parametric scenario
+document to vary. Import with ``from tests.sim.sim_support import ...``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parametric(**over: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "name": "t",
+        "seed": 3,
+        "instances": 80,
+        "harness": {
+            "parametric": {
+                "calls": {"median": 20, "p90": 30},
+                "first_input_tokens": 3000,
+                "input_growth_per_call": 300,
+                "output_tokens": {"median": 150, "p90": 400},
+                "cached_share": 0.6,
+                "gap_s": {"median": 3, "p90": 8},
+            },
+            "boot_s": {"min": 10, "max": 30},
+        },
+        "provider": {"rpm": 600, "input_tpm": 600_000, "headers": "anthropic"},
+        "alias_config": {"calls_per_s": 8, "tokens_per_s": 8000, "inflight_tokens": 2e6},
+    }
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(doc.get(key), dict):
+            doc[key] = {**doc[key], **value}
+        else:
+            doc[key] = value
+    return doc
