@@ -136,7 +136,7 @@ def _level_memory(
     if previous is None:
         return level, fresh
     if state.remembers_429_level(cls, now, config):
-        return level, max(memory, fresh)  # a checked blame is remembered as long as ever
+        return level, max(memory, fresh)  # a named 429 lifts a guess's memory to memory_s
     if level <= previous * config.reprobe_same:
         return min(level, previous), min(2.0 * memory, config.memory_max_s)
     return level, fresh

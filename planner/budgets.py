@@ -20,7 +20,8 @@ Rules, in the order ``step`` applies them:
    within ``stale_after_s`` when there are any; otherwise keep the values and report ``stale``.
    A stale seed nothing re-seeded is a guess either way: growth may take a budget to
    ``stale_max_over_seed`` x it (3x, not 1.5x: rule 6), and a 429 above it cuts by ``cut``
-   from the level reached, not down to the seed (rule 4's ``cut_to_seed``). Budgets are never 0: every budget is floored at ``min_fraction`` of its seed (> 0).
+   from the level reached, not down to the seed (rule 4's ``cut_to_seed``). Budgets are never
+   0: every budget is floored at ``min_fraction`` of its seed (> 0).
 3. Spend/billing errors → ``pause_run``. Overload (529/503) and a per-day limit's 429
    (``DAILY``: no per-minute budget was what ran out) → ``backoff_until``, no cut.
 4. A 429 → launch freeze (``cooldown_until = now + max(cooldown_s, retry-after)``, the
@@ -67,12 +68,12 @@ Rules, in the order ``step`` applies them:
    default 0, in a window in which the alias sent something) grows a
    budget by ``growth`` up to min(max_over_seed x seed (``stale_max_over_seed`` x a stale
    one), hard cap, recent 429 level x (1 - probe_margin)).
-7. A budget held at max_over_seed x its seed (rule 6's ceiling) by that ceiling alone (no
-   header limit or recent 429 level below it), clean and used at least ``rebase_up_min_utilisation`` for
+7. A budget held at rule 6's ceiling over its seed by that ceiling alone (no header limit or
+   recent 429 level below it), clean and used at least ``rebase_up_min_utilisation`` for
    ``rebase_up_s``, re-bases its seed to its level: the provider accepted half as much again
    as the seed said for that long, so the seed was low (an operator's guess, or a limit raised
-   mid-run). Growth then goes on, +5% per window up to 1.5x the new seed; the first 429 cuts
-   and is remembered as usual. A slow start: while the alias has drawn no 429 (none within
+   mid-run). Growth then goes on, +5% per window up to 1.5x the new seed (3x while stale);
+   the first 429 cuts and is remembered as usual. A slow start: while the alias has drawn no 429 (none within
    ``memory_max_s``), each further re-base up of the class halves its next hold (down to
    ``rebase_up_min_s``) and doubles its growth (up to ``max_growth``), so a seed a sixth of
    the limit is climbed in about 15 minutes instead of 30; the first 429 ends it.

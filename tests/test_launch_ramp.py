@@ -16,8 +16,7 @@ from sqlalchemy import Engine
 
 from evalfleet.errors import ConfigError
 from ledger import pacer_state
-from planner.budgets import Budgets, BudgetState, ControllerConfig, WindowObservation, step
-from planner.budgets import initial_state as seeded
+from planner.budgets import BudgetState
 from planner.classify import LimitType
 from planner.decision import Binding
 from planner.sizing import Caps, Counting, FleetState, SizingConfig, decide
@@ -30,6 +29,7 @@ from sim.scenario import load_scenario
 from sim.workload import build_workload
 from tasks import plan
 from tests import test_plan_tick
+from tests.budget_support import fresh, window
 from tests.sim.sim_support import ROOT
 from tests.test_plan_tick import ALIAS, T0, add_calls, add_run, add_stated_limits, stored
 from tests.test_sizing import B, flat_curve
@@ -37,20 +37,12 @@ from tests.test_sizing import B, flat_curve
 plan_db = test_plan_tick.plan_db
 plan_ledger = test_plan_tick.plan_ledger
 
-CFG = ControllerConfig()
-SEED = Budgets(calls_per_s=50.0, tokens_per_s=25_000.0, output_tokens_per_s=5_000.0,
-               inflight_tokens=2_000_000.0)  # fmt: skip
 SIZING = SizingConfig(boot_s=30.0)
 RAMP = SizingConfig()  # the default launch ramp: from 100 tasks, 1.2x per tick
 
 
-def fresh(**kw: Any) -> BudgetState:
-    return seeded(SEED, 0.0, cached_input_counts=False, token_class="input", **kw)
-
-
 def tick(state: BudgetState, now: float, *throttles: LimitType, **kw: Any) -> BudgetState:
-    obs = WindowObservation(now=now, throttles=tuple((t, None) for t in throttles), **kw)
-    return step(state, obs, CFG)[0]
+    return window(state, now, *throttles, **kw)[0]
 
 
 # -- the controller's flags -------------------------------------------------------------------
