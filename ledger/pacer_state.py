@@ -108,6 +108,7 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "observed": _classes(state.observed),
         "observed_at": state.observed_at,
         "at_ceiling_since": _classes(state.at_ceiling_since),
+        "at_ceiling_used_s": _classes(state.at_ceiling_used_s),
         "share_rebased_at": _classes(state.share_rebased_at),
         "rebase_up_streak": _classes(state.rebase_up_streak),
         "unknown_samples": [
@@ -212,6 +213,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
             "last_cut_at",
             "observed",
             "at_ceiling_since",  # absent in states saved before rule 7: {}
+            "at_ceiling_used_s",  # absent in states saved before rule 7's proof: {}
             "share_rebased_at",  # absent in states saved before the share-loop check: {}
             "level_memory_s",  # absent in states saved before the doubling memory: {}
             "rebase_up_streak",  # absent in states saved before the re-base speed-up: {}
@@ -257,6 +259,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         observed={k: float(v) for k, v in maps["observed"].items()},
         observed_at=None if observed_at is None else float(observed_at),
         at_ceiling_since={k: float(v) for k, v in maps["at_ceiling_since"].items()},
+        at_ceiling_used_s={k: float(v) for k, v in maps["at_ceiling_used_s"].items()},
         unknown_samples=samples,
         share_rebased_at={k: float(v) for k, v in maps["share_rebased_at"].items()},
         level_memory_s={k: float(v) for k, v in maps["level_memory_s"].items()},

@@ -8,6 +8,7 @@ Pure: the clock is an argument; no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from planner.budget_state import NEG_INF, BudgetClass, BudgetState, ControllerConfig
@@ -192,17 +193,32 @@ def grown(
 
 
 def rebased_up(
-    state: BudgetState, used: set[BudgetClass], now: float, config: ControllerConfig
-) -> tuple[BudgetState, list[BudgetClass]]:
+    state: BudgetState,
+    used: Mapping[BudgetClass, float],
+    now: float,
+    config: ControllerConfig,
+) -> tuple[BudgetState, list[tuple[BudgetClass, float, bool]]]:
     """Rule 7: a class held at ``max_over_seed`` x its seed by that ceiling alone (not by a
-    header limit nor a recent 429 level), clean and used for ``rebase_up_s``, re-bases its seed
-    to its level: the provider allows more than the seed said (an operator's low guess, a
-    limit raised mid-run) and growth may go on. Without utilisation figures nothing is proven
-    (an unused budget at its ceiling says nothing of the provider)."""
+    header limit nor a recent 429 level), clean and used (``used``: the window's share of the
+    budget admitted, for the classes used at least ``rebase_up_min_utilisation``), re-bases its
+    seed to its level once the hold is over: the provider allows more than the seed said (an
+    operator's low guess, a limit raised mid-run) and growth may go on. Without utilisation
+    figures nothing is proven (an unused budget at its ceiling says nothing of the provider).
+
+    The hold ends after ``rebase_up_s`` (shortened by the slow start), or as soon as what the
+    provider accepted at the ceiling proves the seed is not above its limit: a per-minute
+    bucket that was full when the hold began serves at most ``limit x (elapsed +
+    provider_burst_s)``, so acceptance beyond ``seed x (elapsed + provider_burst_s)`` without a
+    429 puts the limit above the seed (at 1.5x the seed fully used, after 120 s; at 0.8 of it
+    used, after 300 s), never before ``rebase_up_min_s``. A stale seed (its ceiling
+    ``stale_max_over_seed`` x it) waits out the hold: the proof of it would come within a
+    minute at 3x, and says nothing of a level that may be well above the limit (a stale seed
+    at 0.35x the limit held at 1.05x it was re-based up, and the climb above drew 429s)."""
     since = dict(state.at_ceiling_since)
+    accepted = dict(state.at_ceiling_used_s)
     streaks = dict(state.rebase_up_streak)
     seed = state.seed
-    rebased: list[BudgetClass] = []
+    rebased: list[tuple[BudgetClass, float, bool]] = []
     for cls in state.budgets.classes():
         level = state.budgets.get(cls)
         seed_value = seed.get(cls)
@@ -211,22 +227,39 @@ def rebased_up(
         held_by_seed = level >= top and _ceiling(state, cls, now, config) >= top
         if cls not in used or not held_by_seed:
             since.pop(cls, None)
+            accepted.pop(cls, None)
             continue
         start = since.setdefault(cls, now)
+        elapsed = now - start
+        # seconds of the level the provider accepted since the hold began (the window that
+        # ended as it began is not counted: part of it may have been below the ceiling)
+        served = accepted.get(cls, 0.0)
+        if elapsed > 0:
+            served = min(served + min(max(used[cls], 0.0), 1.0) * config.window_s, elapsed)
+        accepted[cls] = served
         hold = max(config.rebase_up_s / _speedup(state, cls, now, config), config.rebase_up_min_s)
-        if now - start >= hold:
+        # a stale seed's ceiling is 3x it: a proof of the seed would come within a minute
+        # while the level may be anywhere up to 3x the limit, so it waits out the hold
+        proven = (
+            not state.is_stale(now)
+            and elapsed >= config.rebase_up_min_s
+            and served * level >= seed_value * (elapsed + config.provider_burst_s)
+        )
+        if elapsed >= hold or proven:
             seed = seed.with_value(cls, level)
             since.pop(cls)
+            accepted.pop(cls)
             # re-bases while a cut is remembered do not count: the run starts from one after
             streaks[cls] = 0 if _recently_cut(state, now, config) else streaks.get(cls, 0) + 1
-            rebased.append(cls)
-    if not rebased and since == state.at_ceiling_since:
+            rebased.append((cls, elapsed, proven and elapsed < hold))
+    if not rebased and since == state.at_ceiling_since and accepted == state.at_ceiling_used_s:
         return state, []
     return (
         replace(
             state,
             seed=seed,
             at_ceiling_since=since,
+            at_ceiling_used_s=accepted,
             rebase_up_streak=streaks,
             seed_source="controller" if rebased else state.seed_source,
         ),

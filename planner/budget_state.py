@@ -112,7 +112,9 @@ class ControllerConfig:
     probe_margin: float = 0.05  # growth stays this far below a recent 429 level [0, 0.5]
     rebase_cuts: int = 2  # cuts below the seed ... [1, 20]
     rebase_period_s: float = 1800.0  # ... within this period re-base the seed [0, 86400]
-    rebase_up_s: float = 300.0  # clean and used at 1.5x the seed this long: re-base up [60, 86400]
+    # clean and used at 1.5x the seed this long: re-base up [60, 86400] (sooner when the
+    # acceptance proves the seed, see provider_burst_s)
+    rebase_up_s: float = 300.0
     # a slow start: each re-base up of a class in a run of them with no 429 in between, and
     # none cut by a 429 within memory_max_s, divides the class's next hold by this and
     # multiplies its growth by it [1, 4] (1: off); the hold down to rebase_up_min_s
@@ -129,6 +131,9 @@ class ControllerConfig:
     # the class that binds: budgets held near their use by this gate all look pressed.
     grow_min_utilisation: float = 0.0
     rebase_up_min_utilisation: float = 0.8  # a re-base up needs this share used [0, 1]
+    # the provider's bucket depth in seconds of its limit (per-minute limits: 60) [0, 3600]:
+    # acceptance beyond what a full bucket could serve proves a seed (rule 7)
+    provider_burst_s: float = 60.0
     # an unknown 429's blame: the class whose accepted rate held steadiest over the last
     # blame_samples unknown 429s [0, 50] (0: off), once there are blame_min_samples [2, 50],
     # when its spread is at most blame_spread_ratio x the next class's [0, 1]
@@ -162,6 +167,7 @@ class ControllerConfig:
         _bounded("min_fraction", self.min_fraction, 1e-6, 1.0, p)
         _bounded("grow_min_utilisation", self.grow_min_utilisation, 0.0, 1.0, p)
         _bounded("rebase_up_min_utilisation", self.rebase_up_min_utilisation, 0.0, 1.0, p)
+        _bounded("provider_burst_s", self.provider_burst_s, 0.0, 3600.0, p)
         _bounded("blame_samples", self.blame_samples, 0, 50, p)
         _bounded("blame_min_samples", self.blame_min_samples, 2, 50, p)
         _bounded("blame_spread_ratio", self.blame_spread_ratio, 0.0, 1.0, p)
@@ -196,6 +202,8 @@ class BudgetState:
     observed_at: float | None = None
     # since when each class has stood clean and used at max_over_seed x its seed (rule 7)
     at_ceiling_since: Mapping[BudgetClass, float] = field(default_factory=dict)
+    # seconds of its level the provider accepted since then (rule 7's proof of the seed)
+    at_ceiling_used_s: Mapping[BudgetClass, float] = field(default_factory=dict)
     # how many re-bases up each class has made since the alias's last 429 (rule 7's speed-up)
     rebase_up_streak: Mapping[BudgetClass, int] = field(default_factory=dict)
     # (when, rate per class) the provider accepted at the latest 429s of an unknown limit

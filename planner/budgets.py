@@ -70,10 +70,12 @@ Rules, in the order ``step`` applies them:
    one), hard cap, recent 429 level x (1 - probe_margin)).
 7. A budget held at rule 6's ceiling over its seed by that ceiling alone (no header limit or
    recent 429 level below it), clean and used at least ``rebase_up_min_utilisation`` for
-   ``rebase_up_s``, re-bases its seed to its level: the provider accepted half as much again
-   as the seed said for that long, so the seed was low (an operator's guess, or a limit raised
-   mid-run). Growth then goes on, +5% per window up to 1.5x the new seed (3x while stale);
-   the first 429 cuts and is remembered as usual. A slow start: while the alias has drawn no 429 (none within
+   ``rebase_up_s``, or until what the provider accepted exceeds what a full per-minute bucket
+   (``provider_burst_s``) and the seed's rate could have served since (at the ceiling fully
+   used, 120 s), re-bases its seed to its level: the provider accepted more than the seed
+   said, so the seed was low (an operator's guess, or a limit raised mid-run). Growth then
+   goes on, +5% per window up to 1.5x the new seed (3x while stale); the first 429 cuts and
+   is remembered as usual. A slow start: while the alias has drawn no 429 (none within
    ``memory_max_s``), each further re-base up of the class halves its next hold (down to
    ``rebase_up_min_s``) and doubles its growth (up to ``max_growth``), so a seed a sixth of
    the limit is climbed in about 15 minutes instead of 30; the first 429 ends it.
@@ -434,7 +436,7 @@ def step(
     # 6. growth on a clean window; 7. a seed the provider clearly allows more than is re-based
     # up.
     grown: list[BudgetClass] = []
-    used: set[BudgetClass] = set()  # clean and pressed against: evidence for rule 7
+    used: dict[BudgetClass, float] = {}  # clean and pressed against: evidence for rule 7
     idle = obs.utilisation is not None and not any(v > 0 for v in obs.utilisation.values())
     if not frozen_in_window and not state.in_cooldown(now) and not idle:
         for cls in state.budgets.classes():
@@ -449,20 +451,19 @@ def step(
                 obs.utilisation is not None
                 and obs.utilisation.get(cls, 0.0) >= config.rebase_up_min_utilisation
             ):
-                used.add(cls)
+                used[cls] = obs.utilisation[cls]
             new_value = budget_moves.grown(state, cls, now, config)
             if new_value is not None:
                 state = replace(state, budgets=state.budgets.with_value(cls, new_value))
                 grown.append(cls)
-    rebased_up: list[BudgetClass] = []
     if obs.utilisation is not None:
         state, rebased_up = budget_moves.rebased_up(state, used, now, config)
-        for cls in rebased_up:
+        for cls, held_s, proven in rebased_up:
             rebased.append(cls)
+            why = "the provider accepted more than the seed allows" if proven else "clean"
             notes.append(
-                f"{cls}: clean and used at "
-                f"{budget_moves.over_seed(state, now, config):g}x its seed for "
-                f"{config.rebase_up_s:g} s: seed re-based up to {state.seed.get(cls):.6g}"
+                f"{cls}: held at {budget_moves.over_seed(state, now, config):g}x its seed for "
+                f"{held_s:g} s ({why}): seed re-based up to {state.seed.get(cls):.6g}"
             )
 
     state = _floored(state, config)

@@ -25,7 +25,9 @@ CFG = ControllerConfig()
 NO_SPEEDUP = replace(CFG, rebase_up_speedup=1.0)
 SEED = Budgets(calls_per_s=10.0, tokens_per_s=8_000.0, output_tokens_per_s=1_500.0,
                inflight_tokens=2_000_000.0)  # fmt: skip
-USED = {c: 1.0 for c in BudgetClass}
+# used at the least that counts: what the provider accepts then proves a seed only after
+# rebase_up_s (rule 7), so the holds measured here are the speed-up's alone
+USED = {c: ControllerConfig().rebase_up_min_utilisation for c in BudgetClass}
 REQ, TOK = BudgetClass.REQUESTS, BudgetClass.TOKENS
 
 

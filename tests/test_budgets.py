@@ -352,6 +352,8 @@ def test_bad_values_are_clear_errors() -> None:
         ControllerConfig(stale_max_over_seed=1.2)  # below max_over_seed
     with pytest.raises(ConfigError, match="unchecked_memory_s"):
         ControllerConfig(unchecked_memory_s=-1.0)
+    with pytest.raises(ConfigError, match="provider_burst_s"):
+        ControllerConfig(provider_burst_s=-5.0)
     with pytest.raises(ConfigError, match="calls_per_s"):
         Budgets(calls_per_s=0, tokens_per_s=1, output_tokens_per_s=None, inflight_tokens=1)
     with pytest.raises(ConfigError, match="tokens_per_s"):
@@ -480,10 +482,64 @@ def test_a_budget_used_clean_at_1_5x_its_seed_for_long_re_bases_it_up() -> None:
     s = _run_clean(fresh(), 15.0, 10, utilisation=USED)  # 1.05^9 > 1.5: at the ceiling
     assert s.budgets.calls_per_s == pytest.approx(75.0) and s.seed.calls_per_s == 50.0
     s = _run_clean(s, 165.0, int(CFG.rebase_up_s / 15.0) + 1, utilisation=USED)
-    assert s.seed.calls_per_s == pytest.approx(75.0)
+    assert s.seed.calls_per_s > 50.0
     assert s.seed_source == "controller"
-    s = _run_clean(s, 2000.0, 10, utilisation=USED)
-    assert s.budgets.calls_per_s == pytest.approx(112.5)  # 1.5x the new seed
+    top = s.seed.calls_per_s * CFG.max_over_seed
+    s = _run_clean(s, 2000.0, 10, utilisation={c: 0.5 for c in BudgetClass})  # used, not held
+    assert s.budgets.calls_per_s == pytest.approx(top)  # 1.5x the new seed
+
+
+def _first_rebase_up(
+    utilisation: float, start: BudgetState | None = None, t: float = 15.0, over: float = 1.5
+) -> tuple[float, float]:
+    """(when the request budget reached ``over`` x its seed, when its seed was re-based up)."""
+    s, at_ceiling = start or fresh(), math.nan
+    stop = t + 2000.0
+    while s.seed.calls_per_s == SEED.calls_per_s:
+        s, _ = window(s, t, utilisation={c: utilisation for c in BudgetClass})
+        if math.isnan(at_ceiling) and s.budgets.calls_per_s >= over * 50.0 * (1 - 1e-9):
+            at_ceiling = t
+        t += 15.0
+        assert t < stop, "never re-based up"
+    return at_ceiling, t - 15.0
+
+
+@pytest.mark.parametrize("utilisation", [1.0, 0.95, 0.85, 0.8])
+def test_a_re_base_up_comes_once_the_acceptance_proves_the_seed(utilisation: float) -> None:
+    """Rule 7's hold ends when the provider has accepted more than a full per-minute bucket
+    and the seed's rate could have served since the hold began (``provider_burst_s``): at
+    1.5x the seed fully used after 120 s, at 0.95 of it after 141 s; at 0.8 that takes the
+    300 s of ``rebase_up_s``. Never earlier: the bucket may have been full."""
+    at_ceiling, rebased = _first_rebase_up(utilisation)
+    proof_s = CFG.provider_burst_s / (CFG.max_over_seed * utilisation - 1.0)
+    hold = min(CFG.rebase_up_s, 15.0 * math.ceil(proof_s / 15.0 - 1e-9))
+    assert rebased - at_ceiling == pytest.approx(hold)
+
+
+def test_a_re_base_up_proof_needs_more_than_a_full_bucket_could_serve() -> None:
+    """Counting the bucket's depth matters: without it 1.5x the seed used would prove the
+    seed after ``rebase_up_min_s``, when a full bucket alone could have served it."""
+    naive = replace(CFG, provider_burst_s=0.0)
+    s, t, at_ceiling = fresh(), 15.0, math.nan
+    while s.seed.calls_per_s == SEED.calls_per_s and t < 2000.0:
+        s, _ = step(s, WindowObservation(now=t, utilisation=USED), naive)
+        if math.isnan(at_ceiling) and s.budgets.calls_per_s >= 75.0 * (1 - 1e-9):
+            at_ceiling = t
+        t += 15.0
+    assert t - 15.0 - at_ceiling == pytest.approx(CFG.rebase_up_min_s)
+    at_ceiling, rebased = _first_rebase_up(1.0)
+    assert rebased - at_ceiling == pytest.approx(120.0)
+
+
+def test_a_stale_seed_waits_out_the_hold_however_much_is_accepted() -> None:
+    """At ``stale_max_over_seed`` x a stale seed the proof of the seed would come after
+    ``rebase_up_min_s`` (3x used against 1x and a full bucket) while the level may be well
+    above the limit (``tr-stale-low-none``: held at 1.05x its limit, re-based up after two
+    minutes, the climb drew a 429 storm); a stale seed is re-based up after ``rebase_up_s``."""
+    hours7 = 7 * 3600.0
+    stale = fresh(now=hours7, seeded_at=0.0)
+    at_ceiling, rebased = _first_rebase_up(1.0, stale, hours7 + 15.0, over=CFG.stale_max_over_seed)
+    assert rebased - at_ceiling == pytest.approx(CFG.rebase_up_s)
 
 
 @pytest.mark.parametrize(
@@ -501,10 +557,12 @@ def test_a_budget_is_not_re_based_up_without_clean_evidence(case: str) -> None:
         s = replace(s, budgets=s.budgets.with_value(BudgetClass.REQUESTS, 50.0))
     kw: dict[str, object] = {} if case == "no-utilisation" else {"utilisation": util}
     windows = int(3 * CFG.rebase_up_s / 15.0)
-    period = int(CFG.rebase_up_s / 15.0) - 1
+    # interrupted (used at 10%) once per the hold that used at 0.95 proves the seed in (rule
+    # 7), less one window
+    proof_s = CFG.provider_burst_s / (CFG.max_over_seed * util[BudgetClass.REQUESTS] - 1.0)
+    period = int(proof_s / 15.0) - 1
     for i in range(windows):
         now = 60.0 + 15.0 * i
-        # interrupted (used at 10%) once per rebase_up_s, less one window
         if case == "interrupted" and i % period == period - 1:
             s, _ = window(s, now, utilisation={**util, BudgetClass.REQUESTS: 0.1})
         else:

@@ -226,6 +226,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         observed={BudgetClass.REQUESTS: 8.0},
         observed_at=99.0,
         at_ceiling_since={BudgetClass.INFLIGHT: 97.0},
+        at_ceiling_used_s={BudgetClass.INFLIGHT: 2.5},
         unknown_samples=((98.0, {BudgetClass.TOKENS: 21_000.0, BudgetClass.REQUESTS: 7.5}),),
         share_rebased_at={BudgetClass.TOKENS: 95.0},
         level_memory_s={BudgetClass.REQUESTS: 2400.0},
@@ -236,6 +237,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
     old = pacer_state.state_to_json(state)
     for key in (
         "at_ceiling_since",
+        "at_ceiling_used_s",
         "unknown_samples",
         "share_rebased_at",
         "level_memory_s",

@@ -342,8 +342,10 @@ def test_unknown_429s_of_a_token_limit_do_not_cut_the_output_budget_to_nothing()
     # the naive run is output-bound, where the pacer's task-age order recovers part of its
     # loss: 6,653 s vs 7,323 s (9%) before that order, 6,683 s vs 7,005 s (4.6%) with it,
     # 6,631 s vs 7,021 s (5.6%) with the launch ramp from 100 (from 50 the ramp's first cohort
-    # met the first 429s at a level the share rule blamed rightly: no loop in this file)
-    assert steady_row["makespan_s"] < 0.97 * naive_row["makespan_s"]
+    # met the first 429s at a level the share rule blamed rightly: no loop in this file);
+    # 6,641 s vs 6,832 s (2.8%) since a re-base up comes once the acceptance proves the seed
+    # (the naive run's starved output budget climbs back sooner)
+    assert steady_row["makespan_s"] < 0.98 * naive_row["makespan_s"]
     assert steady_row["ratio"] <= 1.2
 
 
