@@ -72,10 +72,10 @@ Rules, in the order ``step`` applies them:
    recent 429 level below it), clean and used at least ``rebase_up_min_utilisation`` for
    ``rebase_up_s``, or until what the provider accepted exceeds what a full per-minute bucket
    (``provider_burst_s``) and the seed's rate could have served since (at the ceiling fully
-   used, 120 s), re-bases its seed to its level: the provider accepted more than the seed
-   said, so the seed was low (an operator's guess, or a limit raised mid-run). Growth then
-   goes on, +5% per window up to 1.5x the new seed (3x while stale); the first 429 cuts and
-   is remembered as usual. A slow start: while the alias has drawn no 429 (none within
+   used, 120 s; a stale seed waits out the hold), re-bases its seed to its level: the
+   provider accepted more than the seed said, so the seed was low (an operator's guess, or a
+   limit raised mid-run). Growth then goes on, +5% per window up to 1.5x the new seed (3x
+   while stale); the first 429 cuts and is remembered as usual. A slow start: while the alias has drawn no 429 (none within
    ``memory_max_s``), each further re-base up of the class halves its next hold (down to
    ``rebase_up_min_s``) and doubles its growth (up to ``max_growth``), so a seed a sixth of
    the limit is climbed in about 15 minutes instead of 30; the first 429 ends it.
