@@ -490,14 +490,20 @@ def test_a_budget_used_clean_at_1_5x_its_seed_for_long_re_bases_it_up() -> None:
 
 
 def _first_rebase_up(
-    utilisation: float, start: BudgetState | None = None, t: float = 15.0, over: float = 1.5
+    utilisation: float,
+    start: BudgetState | None = None,
+    t: float = 15.0,
+    over: float = CFG.max_over_seed,
+    config: ControllerConfig = CFG,
 ) -> tuple[float, float]:
-    """(when the request budget reached ``over`` x its seed, when its seed was re-based up)."""
+    """(when the request budget reached ``over`` x its seed, when its seed was re-based up),
+    every window clean and the budgets used at ``utilisation``."""
     s, at_ceiling = start or fresh(), math.nan
     stop = t + 2000.0
+    used = {c: utilisation for c in BudgetClass}
     while s.seed.calls_per_s == SEED.calls_per_s:
-        s, _ = window(s, t, utilisation={c: utilisation for c in BudgetClass})
-        if math.isnan(at_ceiling) and s.budgets.calls_per_s >= over * 50.0 * (1 - 1e-9):
+        s, _ = step(s, WindowObservation(now=t, utilisation=used), config)
+        if math.isnan(at_ceiling) and s.budgets.calls_per_s >= over * SEED.calls_per_s * (1 - 1e-9):
             at_ceiling = t
         t += 15.0
         assert t < stop, "never re-based up"
@@ -519,14 +525,8 @@ def test_a_re_base_up_comes_once_the_acceptance_proves_the_seed(utilisation: flo
 def test_a_re_base_up_proof_needs_more_than_a_full_bucket_could_serve() -> None:
     """Counting the bucket's depth matters: without it 1.5x the seed used would prove the
     seed after ``rebase_up_min_s``, when a full bucket alone could have served it."""
-    naive = replace(CFG, provider_burst_s=0.0)
-    s, t, at_ceiling = fresh(), 15.0, math.nan
-    while s.seed.calls_per_s == SEED.calls_per_s and t < 2000.0:
-        s, _ = step(s, WindowObservation(now=t, utilisation=USED), naive)
-        if math.isnan(at_ceiling) and s.budgets.calls_per_s >= 75.0 * (1 - 1e-9):
-            at_ceiling = t
-        t += 15.0
-    assert t - 15.0 - at_ceiling == pytest.approx(CFG.rebase_up_min_s)
+    at_ceiling, rebased = _first_rebase_up(1.0, config=replace(CFG, provider_burst_s=0.0))
+    assert rebased - at_ceiling == pytest.approx(CFG.rebase_up_min_s)
     at_ceiling, rebased = _first_rebase_up(1.0)
     assert rebased - at_ceiling == pytest.approx(120.0)
 
