@@ -18,12 +18,12 @@ from ledger.models import PacerState, PlannerDecision
 from planner.budgets import BudgetClass, ControllerActions
 from planner.sizing import OverdriveConfig, hold_overdrive
 from tasks import plan
-from tests import test_plan_tick
-from tests.test_plan_tick import ALIAS, T0, add_calls, add_run, stored
+from tests import plan_tick_support
+from tests.plan_tick_support import ALIAS, T0, add_calls, add_run, stored
 
-# the PostgreSQL ledger fixtures of the planner tick's tests
-plan_db = test_plan_tick.plan_db
-plan_ledger = test_plan_tick.plan_ledger
+# the PostgreSQL ledger fixtures of the planner tick's tests, shared through plan_tick_support
+plan_db = plan_tick_support.plan_db
+plan_ledger = plan_tick_support.plan_ledger
 
 TICK_S = 15.0
 

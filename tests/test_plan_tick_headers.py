@@ -1,0 +1,149 @@
+"""The planner tick and the provider's stated limits on a real PostgreSQL ledger: a limit only a
+429 states reaches the planner though a success's headers came after it, and the stated token
+bucket corrects a wrong belief about whether cache reads count. Split from ``test_plan_tick.py``;
+the ledger fixtures and helpers are shared through ``plan_tick_support``."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine, delete, insert, select
+from sqlalchemy.orm import sessionmaker
+
+from ledger import pacer_window
+from ledger.models import AliasObservation, LlmCall
+from planner.classify import LimitType
+from tasks import plan
+from tests import plan_tick_support
+from tests.plan_tick_support import ALIAS, T0, add_run, stored
+
+pytestmark = pytest.mark.postgres
+
+# the PostgreSQL ledger fixtures, shared through plan_tick_support
+plan_db = plan_tick_support.plan_db
+plan_ledger = plan_tick_support.plan_ledger
+
+
+# ---------------------------------------------------------------------------------------------
+# a limit only a 429 states reaches the planner, though a success's headers came after it
+
+
+def test_a_limit_only_a_429_states_survives_later_successes(plan_ledger: Engine) -> None:
+    from gateway.recorder import CallRecorder, Observation
+
+    recorder = CallRecorder(sessionmaker(plan_ledger))
+    limited_at = T0 - timedelta(seconds=8)
+    headers = {"x-ratelimit-limit-requests": "4000"}
+    throttle = Observation(
+        alias=ALIAS,
+        observed_at=limited_at,
+        status=429,
+        headers=headers,
+        # an OpenAI 429 whose message states an output-token limit its headers do not
+        limits={"limits": {"requests": 4000.0, "output_tokens": 90000.0}, "remaining": {}},
+        last_limit_type="output_tokens",
+        last_limited_at=limited_at,
+        throttle_limits={"requests": 4000.0, "output_tokens": 90000.0},
+    )
+
+    def success(at: datetime) -> Observation:
+        return Observation(alias=ALIAS, observed_at=at, status=200, headers=headers, limits={})
+
+    async def record() -> None:
+        recorder.observe(throttle)
+        await recorder.flush()
+        recorder.observe(success(T0 - timedelta(seconds=5)))  # written over the 429's row
+        await recorder.flush()
+
+    asyncio.run(record())
+    with plan_ledger.connect() as conn:
+        row = conn.execute(select(AliasObservation).where(AliasObservation.alias == ALIAS)).one()
+        since_before = pacer_window.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=15))
+        since_after = pacer_window.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=6))
+    assert row.status == 200 and row.last_limit_type == "output_tokens"
+    assert since_before == {LimitType.REQUESTS: 4000.0, LimitType.OUTPUT_TOKENS: 90000.0}
+    # a tick after the 429 was stepped sees only what the latest headers state
+    assert since_after == {LimitType.REQUESTS: 4000.0}
+
+    # a restarted gateway's first success keeps the ledger's 429 too
+    restarted = CallRecorder(sessionmaker(plan_ledger))
+    restarted.observe(success(T0 - timedelta(seconds=4)))
+    asyncio.run(restarted.flush())
+    with plan_ledger.connect() as conn:
+        row = conn.execute(select(AliasObservation).where(AliasObservation.alias == ALIAS)).one()
+        after_restart = pacer_window.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=15))
+    assert row.last_limit_type == "output_tokens" and after_restart == since_before
+
+    # the same within one flush interval: the success replaces the 429 before any write
+    recorder.observe(replace(throttle, observed_at=T0, last_limited_at=T0))
+    recorder.observe(success(T0 + timedelta(seconds=1)))
+    asyncio.run(recorder.flush())
+    with plan_ledger.connect() as conn:
+        limits = pacer_window.fresh_header_limits(conn, ALIAS, T0 - timedelta(seconds=1))
+    assert limits is not None and limits[LimitType.OUTPUT_TOKENS] == 90000.0
+
+
+# ---------------------------------------------------------------------------------------------
+# the provider's stated bucket against the cache-counting belief
+
+
+def _observe_bucket(eng: Engine, at: datetime, remaining: float) -> None:
+    """The gateway's latest headers: a combined 1.62M tokens/min limit with ``remaining``."""
+    values = {
+        "observed_at": at,
+        "status": 200,
+        "headers": {},
+        "limits": {"limits": {"tokens": 1_620_000.0}, "remaining": {"tokens": remaining}},
+    }
+    with eng.begin() as conn:
+        conn.execute(delete(AliasObservation).where(AliasObservation.alias == ALIAS))
+        conn.execute(insert(AliasObservation).values(alias=ALIAS, **values))
+
+
+def _send(eng: Engine, at: datetime, n: int) -> None:
+    """``n`` calls of 50k input tokens, 45k of them cache reads."""
+    with eng.begin() as conn:
+        conn.execute(
+            insert(LlmCall),
+            [
+                {
+                    "alias": ALIAS,
+                    "requested_at": at,
+                    "input_tokens": 50_000,
+                    "cached_input_tokens": 45_000,
+                    "output_tokens": 100,
+                    "status": 200,
+                    "latency_s": 1.0,
+                }
+                for _ in range(n)
+            ],
+        )
+
+
+@pytest.mark.parametrize("provider_counts", [False, True])
+def test_the_stated_bucket_corrects_a_wrong_cache_counting_belief(
+    plan_ledger: Engine, provider_counts: bool
+) -> None:
+    """The alias config says cache reads count (sim-openai); the limit is 27k tokens/s (405k
+    per 15 s, a 1.62M bucket). A provider that ignores cache reads accepts 20 calls per 15 s
+    (1M tokens, 0.9M of them cache reads) and its bucket stays full: the planner stops
+    charging them. One that counts them is drained by a first burst and then accepts what
+    refills it: the belief stands."""
+    add_run(plan_ledger, running=5, queued=30)
+    remaining = 1_620_000.0
+    for k in range(10):
+        at = T0 + timedelta(seconds=15 * k)
+        n = 20 if not provider_counts else (30 if k == 0 else 8)
+        _send(plan_ledger, at - timedelta(seconds=10), n)
+        if provider_counts:
+            remaining = min(1_620_000.0, remaining + 405_000.0) - n * 50_100
+        _observe_bucket(plan_ledger, at - timedelta(seconds=1), remaining)
+        plan.plan_tick(at, False)
+    row = stored(plan_ledger)
+    assert row.state.cached_input_counts is provider_counts
+    assert row.counting is not None and row.counting["anchors"]
+    if not provider_counts:
+        assert row.state.budgets.tokens_per_s == pytest.approx(27_000.0)  # the stated limit
