@@ -111,6 +111,7 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "at_ceiling_used_s": _classes(state.at_ceiling_used_s),
         "share_rebased_at": _classes(state.share_rebased_at),
         "rebase_up_streak": _classes(state.rebase_up_streak),
+        "proven_rate": _classes(state.proven_rate),
         "unknown_samples": [
             {"at": at, "rates": _classes(rates)} for at, rates in state.unknown_samples
         ],
@@ -217,6 +218,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
             "share_rebased_at",  # absent in states saved before the share-loop check: {}
             "level_memory_s",  # absent in states saved before the doubling memory: {}
             "rebase_up_streak",  # absent in states saved before the re-base speed-up: {}
+            "proven_rate",  # absent in states saved before rule 7 kept what it proved: {}
         )
     }
     cuts = _class_map(data, "cuts_below_seed", problems)
@@ -264,6 +266,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         share_rebased_at={k: float(v) for k, v in maps["share_rebased_at"].items()},
         level_memory_s={k: float(v) for k, v in maps["level_memory_s"].items()},
         rebase_up_streak={k: int(v) for k, v in maps["rebase_up_streak"].items()},
+        proven_rate={k: float(v) for k, v in maps["proven_rate"].items()},
         answered=bool(flags["answered"]),
         throttled=bool(flags["throttled"]),
     )

@@ -135,7 +135,10 @@ def steady_overrides_share(
     to its (cut) budget, and is blamed again; two such cuts re-base its seed down before any
     steadiness can be measured, and the loop goes on from the lower seed. So: the class the
     share rule blames is below its seed, or its seed was re-based down within ``memory_max_s`` on
-    the share rule alone (``BudgetState.share_rebased_at``). Outside the loop the class the
+    the share rule alone (``BudgetState.share_rebased_at``). A seed rule 7 re-based up counts
+    only as far as the provider's acceptance proved it (``BudgetState.earned_seed``): taken at
+    its word, the level it held makes a class pressed at its limit just under it look "below
+    its seed", and a class steady only because the fleet's demand is takes the blame. Outside the loop the class the
     share rule blames was pressed at a level at or above a seed it has earned, and the others'
     steadiness is as likely their steady demand (the calls of a fleet a token limit holds
     still) as a limit: there the share rule stands, and the other classes' 429 memory is kept
@@ -145,7 +148,7 @@ def steady_overrides_share(
     share_blamed = pressed_classes(state, throttles, delivered) - steady
     looping = any(
         (level := state.budgets.get(cls)) is not None
-        and (seed := state.seed.get(cls)) is not None
+        and (seed := state.earned_seed(cls)) is not None
         and (
             level < seed or now - state.share_rebased_at.get(cls, -math.inf) <= config.memory_max_s
         )

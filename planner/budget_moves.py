@@ -71,6 +71,8 @@ def cut(
             seed = seed.with_value(cls, new_value)
             cuts = ()
             rebased = True
+    # a seed re-based down is a measured cut level: what rule 7 proved above it is moot
+    proven = {k: v for k, v in state.proven_rate.items() if k is not cls or not rebased}
     return (
         replace(
             state,
@@ -85,6 +87,7 @@ def cut(
             share_rebased_at={**state.share_rebased_at, cls: now}
             if rebased and unchecked
             else state.share_rebased_at,
+            proven_rate=proven,
         ),
         rebased,
     )
@@ -217,6 +220,7 @@ def rebased_up(
     since = dict(state.at_ceiling_since)
     accepted = dict(state.at_ceiling_used_s)
     streaks = dict(state.rebase_up_streak)
+    proven_rate = dict(state.proven_rate)
     seed = state.seed
     rebased: list[tuple[BudgetClass, float, bool]] = []
     for cls in state.budgets.classes():
@@ -247,6 +251,12 @@ def rebased_up(
         )
         if elapsed >= hold or proven:
             seed = seed.with_value(cls, level)
+            # what the acceptance proved: a bucket full as the hold began and the limit's rate
+            # since served it all; never less than what earlier holds proved
+            span = elapsed + config.provider_burst_s
+            shown = served * level / span if span > 0 else 0.0
+            earned = state.earned_seed(cls)
+            proven_rate[cls] = max(shown, earned if earned is not None else seed_value)
             since.pop(cls)
             accepted.pop(cls)
             # re-bases while a cut is remembered do not count: the run starts from one after
@@ -261,6 +271,7 @@ def rebased_up(
             at_ceiling_since=since,
             at_ceiling_used_s=accepted,
             rebase_up_streak=streaks,
+            proven_rate=proven_rate,
             seed_source="controller" if rebased else state.seed_source,
         ),
         rebased,

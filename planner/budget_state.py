@@ -206,6 +206,10 @@ class BudgetState:
     at_ceiling_used_s: Mapping[BudgetClass, float] = field(default_factory=dict)
     # how many re-bases up each class has made since the alias's last 429 (rule 7's speed-up)
     rebase_up_streak: Mapping[BudgetClass, int] = field(default_factory=dict)
+    # per class whose seed rule 7 re-based up: the rate the provider's acceptance proved then
+    # (what it accepted over the hold, less a full per-minute bucket); the seed is the level
+    # held, which nothing proved (``earned_seed``)
+    proven_rate: Mapping[BudgetClass, float] = field(default_factory=dict)
     # (when, rate per class) the provider accepted at the latest 429s of an unknown limit
     # (rule 4: the limit hit is the class whose accepted rate holds steady across them)
     unknown_samples: tuple[tuple[float, Mapping[BudgetClass, float]], ...] = ()
@@ -254,6 +258,16 @@ class BudgetState:
         if not self.remembers_429_level(cls, now, config):
             return None
         return self.last_429_level[cls] * (1.0 - config.probe_margin)
+
+    def earned_seed(self, cls: BudgetClass) -> float | None:
+        """The class's seed as far as the provider proved it: the seed, or where rule 7
+        re-based it up to a level it held, the rate that hold proved when lower (None: the
+        class has no budget)."""
+        seed = self.seed.get(cls)
+        proven = self.proven_rate.get(cls)
+        if seed is None or proven is None:
+            return seed
+        return min(seed, proven)
 
     def keeping_429_memory(self, keep: Callable[[BudgetClass], bool]) -> BudgetState:
         """The state with the 429 levels and re-base counts of classes not kept dropped

@@ -58,7 +58,8 @@ Rules, in the order ``step`` applies them:
    the mix of calls and with our cuts), and the 429 memory earlier unknown 429s left on the
    other classes is dropped: without it a wrong blame feeds itself, as the class cut becomes
    the most used relative to its budget. The steadiness overrules the share only where the
-   share rule is in that loop, or agrees (``planner.blame.steady_overrides_share``).
+   share rule is in that loop, or agrees (``planner.blame.steady_overrides_share``; a seed
+   rule 7 re-based up counts there only as far as it was proven, ``earned_seed``).
 5. ``rebase_cuts`` cuts below the seed within ``rebase_period_s`` re-base that class's seed to
    the cut level (the provider's limit dropped): growth is then bounded by 1.5x the new seed and
    by ``(1 - probe_margin)`` x the last level that drew a 429, so it is not re-probed every few
@@ -232,6 +233,7 @@ def rebase(
         seed_source="operator",
         share_rebased_at={},  # the share rule's re-bases are of a seed no longer there
         rebase_up_streak={},
+        proven_rate={},
     ).keeping_429_memory(lambda _: False)
 
 
@@ -252,6 +254,7 @@ def recounted(state: BudgetState, cached_input_counts: bool) -> BudgetState:
         seed=seed,
         budgets=budgets,
         rebase_up_streak={k: v for k, v in state.rebase_up_streak.items() if k is not cls},
+        proven_rate={k: v for k, v in state.proven_rate.items() if k is not cls},
     ).keeping_429_memory(lambda k: k is not cls)
 
 
@@ -296,6 +299,8 @@ def _apply_headers(
             seeded_at=now,
             seed_source="headers",
             hard_caps=hard,
+            # a stated limit is the seed now: what rule 7 proved of the old one is moot
+            proven_rate={k: v for k, v in state.proven_rate.items() if k not in caps},
             observed=dict(caps),
             observed_at=now,
         ),
@@ -332,7 +337,14 @@ def step(
             for cls, cap in fresh.items():
                 seed = seed.with_value(cls, cap)
                 budgets = budgets.with_value(cls, cap)
-            state = replace(state, seed=seed, budgets=budgets, seeded_at=now, seed_source="headers")
+            state = replace(
+                state,
+                seed=seed,
+                budgets=budgets,
+                seeded_at=now,
+                seed_source="headers",
+                proven_rate={k: v for k, v in state.proven_rate.items() if k not in fresh},
+            )
             reseeded = True
             notes.append("stale seed re-seeded from the latest rate-limit headers")
         else:

@@ -181,3 +181,36 @@ def test_too_few_or_equally_steady_samples_keep_the_share_rule() -> None:
     s, _ = _unknown_429s(CFG, same)  # every class moved together: the limit itself dropped
     assert set(s.last_429_level) == {TOK}
     assert len(s.unknown_samples) == 4
+
+
+def test_a_seed_re_based_up_counts_in_the_share_loop_only_as_far_as_it_was_proven() -> None:
+    """Rule 7 re-bases a seed up to the level it held, though what the provider accepted
+    proved only a lower rate (a full per-minute bucket and that rate since). Taken at its
+    word, such a seed puts a token budget pressed at its limit "below its seed": the share
+    rule looks to be in its loop, and the request rate, steady because the fleet's demand is,
+    overrules it. The requests draw the blame and the tokens' 429 memory is dropped, so the
+    token budget re-probes above its limit at once (random-212: four more 429s). Measured
+    against the proven rate, the token budget is above what it earned: the share rule stands
+    and the tokens keep the blame."""
+    rebased = replace(
+        fresh(),
+        seed=replace(SEED, tokens_per_s=37_500.0),  # rule 7: 1.5x the operator's 25,000
+        proven_rate={TOK: 26_000.0},
+    )
+
+    def blamed(state: BudgetState) -> set[BudgetClass]:
+        s = state
+        # the unknown 429s of one episode each: the token budget pressed at the level it
+        # reached (over the seed, then twice under it after the cuts), the fleet's request
+        # rate steady at 0.6 of its budget
+        for i, (level, share) in enumerate([(50_000.0, 1.0), (36_000.0, 0.93), (34_000.0, 0.97)]):
+            s = replace(s, budgets=replace(s.budgets, tokens_per_s=level, calls_per_s=50.0))
+            accepted = {TOK: share * level, REQ: 30.0, OUT: 2_000.0 * share}
+            obs = WindowObservation(
+                now=15.0 + 120.0 * i, throttles=((LimitType.UNKNOWN, None),), delivered=accepted
+            )
+            s, _ = step(s, obs, CFG)
+        return set(s.last_429_level)
+
+    assert blamed(rebased) == {TOK}
+    assert blamed(replace(rebased, proven_rate={})) == {REQ}  # the seed taken at its word

@@ -489,6 +489,33 @@ def test_a_budget_used_clean_at_1_5x_its_seed_for_long_re_bases_it_up() -> None:
     assert s.budgets.calls_per_s == pytest.approx(top)  # 1.5x the new seed
 
 
+def test_a_re_base_up_keeps_the_rate_its_hold_proved() -> None:
+    """Rule 7 re-bases the seed to the level it held, and keeps what the provider's
+    acceptance proved (``BudgetState.proven_rate``): at most a full per-minute bucket and the
+    rate since were accepted over the hold, so the limit is at least what it accepted / (hold
+    + ``provider_burst_s``). The first proof is just past the old seed (that is when it ends
+    the hold); a longer hold at a higher level proves more. ``earned_seed`` is the lower of
+    the two. An operator's re-base forgets it; so does a limit a header states."""
+    _, rebased_at = _first_rebase_up(1.0)
+    s = _run_clean(fresh(), 15.0, int(rebased_at / 15.0), utilisation=USED_FULL)
+    level = SEED.calls_per_s * CFG.max_over_seed
+    assert s.seed.calls_per_s == pytest.approx(level)
+    proven = s.proven_rate[BudgetClass.REQUESTS]
+    assert SEED.calls_per_s <= proven <= 1.15 * SEED.calls_per_s
+    assert s.earned_seed(BudgetClass.REQUESTS) == proven
+    later = _run_clean(s, rebased_at + 15.0, 40, utilisation=USED_FULL)  # the next re-base up
+    assert later.seed.calls_per_s > level
+    assert later.proven_rate[BudgetClass.REQUESTS] > level  # 1.5x held long enough proves it
+    assert rebase(s, SEED, rebased_at).proven_rate == {}
+    stated = WindowObservation(now=rebased_at + 15.0, observed_limits={LimitType.REQUESTS: 3600.0})
+    after, _ = step(s, stated, CFG)
+    assert BudgetClass.REQUESTS not in after.proven_rate
+    assert after.earned_seed(BudgetClass.REQUESTS) == pytest.approx(60.0)
+
+
+USED_FULL = {cls: 1.0 for cls in BudgetClass}
+
+
 def _first_rebase_up(
     utilisation: float,
     start: BudgetState | None = None,

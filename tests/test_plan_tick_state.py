@@ -45,6 +45,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         share_rebased_at={BudgetClass.TOKENS: 95.0},
         level_memory_s={BudgetClass.REQUESTS: 2400.0},
         rebase_up_streak={BudgetClass.TOKENS: 2},
+        proven_rate={BudgetClass.TOKENS: 24_000.0},
     )
     assert pacer_state.state_from_json(pacer_state.state_to_json(busy), source="t") == busy
     # a state saved before the re-base-up rule (or the steadiest-class blame) lacks their fields
@@ -56,6 +57,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         "share_rebased_at",
         "level_memory_s",
         "rebase_up_streak",
+        "proven_rate",
     ):
         del old[key]
     assert pacer_state.state_from_json(old, source="t") == state
