@@ -28,14 +28,14 @@ from sim.reveal import headers_now
 from sim.scenario import load_scenario
 from sim.workload import build_workload
 from tasks import plan
-from tests import test_plan_tick
+from tests import plan_tick_support
 from tests.budget_support import fresh, window
+from tests.plan_tick_support import ALIAS, T0, add_calls, add_run, add_stated_limits, stored
 from tests.sim.sim_support import ROOT
-from tests.test_plan_tick import ALIAS, T0, add_calls, add_run, add_stated_limits, stored
 from tests.test_sizing import B, flat_curve
 
-plan_db = test_plan_tick.plan_db
-plan_ledger = test_plan_tick.plan_ledger
+plan_db = plan_tick_support.plan_db
+plan_ledger = plan_tick_support.plan_ledger
 
 SIZING = SizingConfig(boot_s=30.0)
 RAMP = SizingConfig()  # the default launch ramp: from 100 tasks, 1.2x per tick

@@ -19,7 +19,7 @@ from ledger.models import PlannerDecision
 from ledger.pauses import set_pause
 from planner.budgets import Budgets
 from tasks import ledger_io, plan
-from tests.test_plan_tick import ALIAS, add_calls, add_run, stored
+from tests.plan_tick_support import ALIAS, add_calls, add_run, stored
 
 pytestmark = [pytest.mark.postgres, pytest.mark.prefect, pytest.mark.slow]
 

@@ -1,0 +1,121 @@
+"""The order of the pacer core's queue (``planner.pacer``): FIFO under the calls bucket,
+smallest prompt first (ageing) under the counted-token bucket, task age under the output
+bucket; a change of order re-ranks what is queued. Split from ``test_pacer_core.py``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner.pacer import AGEING_TOKENS_PER_S, CallEstimate, CallUsage, PacerCore
+from tests.pacer_support import budgets, drive
+
+
+def test_under_a_token_limit_the_smallest_prompt_goes_first() -> None:
+    pacer = PacerCore(budgets(calls=1000.0, tokens=1000.0), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(1000), 0.0).admitted  # the bucket is empty
+    assert not pacer.request("b", CallEstimate(10), 0.0).admitted  # held by the token bucket
+    assert not pacer.request("big", CallEstimate(900), 0.001).admitted
+    assert not pacer.request("small", CallEstimate(100), 0.002).admitted
+    # FIFO would hold "small" behind "big" until t=0.91
+    assert pacer.poll(0.5) == ["b", "small"]
+    assert pacer.poll(0.95) == []
+    assert pacer.poll(1.02) == ["big"]
+
+
+def test_under_a_calls_limit_the_order_stays_fifo() -> None:
+    pacer = PacerCore(budgets(calls=1.0, tokens=1e9), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(10), 0.0).admitted
+    assert not pacer.request("b", CallEstimate(10), 0.0).admitted  # held by the calls bucket
+    assert not pacer.request("big", CallEstimate(900), 0.001).admitted
+    assert not pacer.request("small", CallEstimate(100), 0.002).admitted
+    assert pacer.poll(1.0) == ["b"]
+    assert pacer.poll(2.0) == ["big"]
+    assert pacer.poll(3.0) == ["small"]
+
+
+def test_a_big_call_ages_past_a_stream_of_small_ones() -> None:
+    """Smallest prompt first, but a queued call gains AGEING_TOKENS_PER_S of priority per second:
+    a 5,000-token call is passed only by small calls that arrive within 4.9 s after it."""
+    pacer = PacerCore(budgets(tokens=1000.0), burst_s=1.0)
+    small = [
+        (i * 0.05, f"s{i}", CallEstimate(100), 0.2, CallUsage(100)) for i in range(4000)
+    ]  # 2,000 tokens/s of demand against 1,000/s
+    big = [(10.0, "big", CallEstimate(5000), 1.0, CallUsage(5000))]
+    times = drive(pacer, sorted(small + big), until=400.0)
+    assert "big" in times
+    passed_by = [i for i in range(4000) if times.get(f"s{i}", math.inf) < times["big"]]
+    assert max(passed_by) * 0.05 - 10.0 == pytest.approx(
+        (5000 - 100) / AGEING_TOKENS_PER_S, abs=0.1
+    )
+    assert times["big"] < 60.0
+
+
+def test_when_the_holding_bucket_changes_the_queue_is_re_ranked() -> None:
+    """Calls queued while a token bucket held the queue (smallest prompt first) go in arrival
+    order once the calls bucket is what holds it: no call keeps a rank from the old order."""
+    pacer = PacerCore(budgets(calls=1000.0, tokens=1000.0), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(1000), 0.0).admitted  # the token bucket is empty
+    for i, (call, prompt) in enumerate(
+        [("big1", 900), ("big2", 800), ("small", 100), ("mid", 500)]
+    ):
+        assert not pacer.request(call, CallEstimate(prompt), 0.001 * (i + 1)).admitted
+    # now the request limit binds: one call per 10 s, tokens plentiful
+    pacer.set_budgets(budgets(calls=0.1, tokens=1e9), 0.01)
+    assert pacer.poll(0.02) == ["small"]  # ranked while the token bucket held the queue
+    admitted: list[str] = []
+    t = 0.02
+    while len(admitted) < 3:
+        t += 1.0
+        admitted += pacer.poll(t)  # each poll finds the head held by the calls bucket
+    assert admitted == ["big1", "big2", "mid"]  # FIFO, not the prompt order mid, big2, big1
+
+
+def test_under_an_output_limit_the_older_task_goes_first_not_the_smaller_prompt() -> None:
+    """Output per call does not grow with a task's age: the smallest-prompt order would only
+    favour young tasks. Under the output bucket a call's task age counts as its time queued."""
+    pacer = PacerCore(budgets(tokens=1e9, output=100.0), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(10, max_output=100), 0.0).admitted  # bucket empty
+    assert not pacer.request("b", CallEstimate(10, max_output=100), 0.0).admitted
+    assert pacer.poll(1.0) == ["b"]  # the head was held by the output bucket: the order flips
+    young = CallEstimate(1_000, max_output=100, task_age_s=5.0)
+    old = CallEstimate(50_000, max_output=100, task_age_s=600.0)
+    unknown = CallEstimate(2_000, max_output=100)  # ranks as a task started when it arrived
+    assert not pacer.request("young", young, 1.0).admitted
+    assert not pacer.request("unknown", unknown, 1.001).admitted
+    assert not pacer.request("old", old, 1.002).admitted  # queued last, its task 600 s old
+    assert [*pacer.poll(3.0), *pacer.poll(4.0), *pacer.poll(5.0)] == ["old", "young", "unknown"]
+
+
+def test_under_an_output_limit_a_young_tasks_call_ranks_as_arriving_the_age_gap_later() -> None:
+    """An old task's calls pass a young task's queued call only while they arrive within the
+    two tasks' age gap of it: the young task is delayed, never starved."""
+    pacer = PacerCore(budgets(calls=1000.0, tokens=1e9, output=1000.0), burst_s=1.0)
+    # an old task (started at -300) floods the queue: 2,000 output tokens/s against 1,000/s
+    old = [
+        (
+            i * 0.05,
+            f"o{i}",
+            CallEstimate(100, max_output=100, task_age_s=300.0 + i * 0.05),
+            0.2,
+            CallUsage(100, output=100),
+        )
+        for i in range(8000)
+    ]
+    young = [
+        (
+            10.0,
+            "young",
+            CallEstimate(100, max_output=100, task_age_s=0.0),
+            0.2,
+            CallUsage(100, output=100),
+        )
+    ]
+    times = drive(pacer, sorted(old + young), until=800.0)
+    assert "young" in times
+    passed_by = [i * 0.05 for i in range(8000) if times.get(f"o{i}", math.inf) < times["young"]]
+    # rank = arrival + task start: the old task's call arriving at t ranks t - 300, the young
+    # call (arrived at 10, its task started at 10) ranks 20; old calls arriving up to the age
+    # gap (310 s) after it pass it, none later
+    assert max(passed_by) == pytest.approx(320.0, abs=0.1)
