@@ -138,11 +138,11 @@ def steady_overrides_share(
     the share rule alone (``BudgetState.share_rebased_at``). A seed rule 7 re-based up counts
     only as far as the provider's acceptance proved it (``BudgetState.earned_seed``): taken at
     its word, the level it held makes a class pressed at its limit just under it look "below
-    its seed", and a class steady only because the fleet's demand is takes the blame. Outside the loop the class the
-    share rule blames was pressed at a level at or above a seed it has earned, and the others'
-    steadiness is as likely their steady demand (the calls of a fleet a token limit holds
-    still) as a limit: there the share rule stands, and the other classes' 429 memory is kept
-    (dropping it re-probes a limit already found)."""
+    its seed", and a class steady only because the fleet's demand is takes the blame.
+    Outside the loop the class the share rule blames was pressed at a level at or above a seed
+    it has earned, and the others' steadiness is as likely their steady demand (the calls of a
+    fleet a token limit holds still) as a limit: there the share rule stands, and the other
+    classes' 429 memory is kept (dropping it re-probes a limit already found)."""
     if not steady:
         return steady
     share_blamed = pressed_classes(state, throttles, delivered) - steady
