@@ -71,8 +71,6 @@ def cut(
             seed = seed.with_value(cls, new_value)
             cuts = ()
             rebased = True
-    # a seed re-based down is a measured cut level: what rule 7 proved above it is moot
-    proven = {k: v for k, v in state.proven_rate.items() if k is not cls or not rebased}
     return (
         replace(
             state,
@@ -87,7 +85,6 @@ def cut(
             share_rebased_at={**state.share_rebased_at, cls: now}
             if rebased and unchecked
             else state.share_rebased_at,
-            proven_rate=proven,
         ),
         rebased,
     )
@@ -254,9 +251,9 @@ def rebased_up(
             # what the acceptance proved: a bucket full as the hold began and the limit's rate
             # since served it all; never less than what earlier holds proved
             span = elapsed + config.provider_burst_s
-            shown = served * level / span if span > 0 else 0.0
             earned = state.earned_seed(cls)
-            proven_rate[cls] = max(shown, earned if earned is not None else seed_value)
+            assert earned is not None
+            proven_rate[cls] = max(served * level / span if span > 0 else 0.0, earned)
             since.pop(cls)
             accepted.pop(cls)
             # re-bases while a cut is remembered do not count: the run starts from one after

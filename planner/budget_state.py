@@ -208,7 +208,10 @@ class BudgetState:
     rebase_up_streak: Mapping[BudgetClass, int] = field(default_factory=dict)
     # per class whose seed rule 7 re-based up: the rate the provider's acceptance proved then
     # (what it accepted over the hold, less a full per-minute bucket); the seed is the level
-    # held, which nothing proved (``earned_seed``)
+    # held, which nothing proved (``earned_seed``). Dropped where a seed that is no guess
+    # replaces it: a header limit (stated, or re-applied by a stale re-seed), an operator's
+    # re-base, a recount in other units; a re-base down keeps it (``earned_seed`` takes the
+    # lower of the two)
     proven_rate: Mapping[BudgetClass, float] = field(default_factory=dict)
     # (when, rate per class) the provider accepted at the latest 429s of an unknown limit
     # (rule 4: the limit hit is the class whose accepted rate holds steady across them)

@@ -468,6 +468,7 @@ def test_a_per_day_limit_backs_off_for_its_retry_after_and_cuts_nothing() -> Non
 
 
 USED = {cls: 0.95 for cls in BudgetClass}
+USED_FULL = {cls: 1.0 for cls in BudgetClass}
 
 
 def _run_clean(s: BudgetState, start: float, windows: int, **kw: object) -> BudgetState:
@@ -511,9 +512,6 @@ def test_a_re_base_up_keeps_the_rate_its_hold_proved() -> None:
     after, _ = step(s, stated, CFG)
     assert BudgetClass.REQUESTS not in after.proven_rate
     assert after.earned_seed(BudgetClass.REQUESTS) == pytest.approx(60.0)
-
-
-USED_FULL = {cls: 1.0 for cls in BudgetClass}
 
 
 def _first_rebase_up(

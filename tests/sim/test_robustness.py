@@ -10,8 +10,9 @@ planner ratio <= 1.20, rate_429 <= 0.005, and against each baseline B: makespan 
 and wherever it is not >= 5% faster, at most a tenth of B's 429s or at most 0.1% of its calls.
 
 Seeds 0-15, and 212 (fresh in the sixteenth round, a miss of the fifteenth round's code: 11
-429s where 8.5 were allowed; docs/bench-planner.md): every one meets every target. A seed that missed one would be marked
-xfail(strict) with the reason, documenting a known weakness (docs/bench-planner.md).
+429s where 8.5 were allowed; docs/bench-planner.md): every one meets every target. A seed
+that missed one would be marked xfail(strict) with the reason, documenting a known weakness
+(docs/bench-planner.md).
 """
 
 from __future__ import annotations
