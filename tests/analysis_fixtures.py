@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 from analysis.simfill import SimulatedRun, demo_scenario, simulate, write_simulated_run
 from ledger.db import make_engine
 from ledger.migrate import upgrade
+from tests.pg_support import sibling_database
 
 START = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 
@@ -47,16 +48,5 @@ def sim_engine(sim_ledger: tuple[str, str]) -> Iterator[Engine]:
 @pytest.fixture
 def fresh_pg_ledger_url(pg_database: str) -> Iterator[str]:
     """An empty PostgreSQL database beside the session's, dropped after the test."""
-    import uuid
-
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    base = make_url(pg_database)
-    admin = base.set(drivername="postgresql").render_as_string(hide_password=False)
-    name = f"{base.database}_curves_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
-    yield base.set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
+    with sibling_database(pg_database, "curves", migrate=False) as url:
+        yield url

@@ -11,25 +11,19 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-import psycopg
 import pytest
 from sqlalchemy import Engine, insert
-from sqlalchemy.engine import make_url
 
 from evalfleet.settings import get_settings
 from ledger import pacer_state
 from ledger.db import make_engine
-from ledger.migrate import upgrade
 from ledger.models import AliasObservation, InstanceResult, Job, LlmCall, Run
 from planner.curves import DEFAULT_HARNESS
 from tasks import ledger_io
+from tests.pg_support import sibling_database
 
 ALIAS = "sim-openai"  # embedded default: 9 calls/s, 27k tokens/s, cooldown 30 s
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-
-
-def _admin(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 _TABLES = (
@@ -50,14 +44,8 @@ _TABLES = (
 @pytest.fixture(scope="module")
 def plan_db(pg_database: str) -> Iterator[str]:
     """One fresh migrated PostgreSQL ledger for this module."""
-    name = f"{make_url(pg_database).database}_plan_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(pg_database).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    yield url
-    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with sibling_database(pg_database, "plan") as url:
+        yield url
 
 
 @pytest.fixture

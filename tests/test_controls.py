@@ -13,10 +13,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
 import pytest
 from sqlalchemy import Engine, func, select, text, update
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DatabaseError
 
 import ledger.controls as controls
@@ -36,6 +34,7 @@ from ledger.models import (
     Run,
 )
 from ledger.runs import NewRun, create_run
+from tests.pg_support import sibling_database
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 ALIASES = load_aliases(None, provider_sim_url="http://127.0.0.1:9")
@@ -56,20 +55,10 @@ TABLES = (
 _FIRST_AUDIT_ID: dict[int, int] = {}
 
 
-def _admin(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="session")
 def pg_controls_url(pg_database: str) -> Iterator[str]:
-    name = f"{make_url(pg_database).database}_ctl_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
-    url = make_url(pg_database).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    yield url
-    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
+    with sibling_database(pg_database, "ctl") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -7,36 +7,24 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from pydantic import SecretStr
-from sqlalchemy.engine import make_url
 
 from evalfleet.embedded import EmbeddedStack, start_stack
 from evalfleet.settings import get_settings
 from gateway.provider_sim.profile import DEFAULT_PROFILE, profile_from
 from gateway.serving import free_port
-from ledger.migrate import upgrade
 from tasks import ledger_io
+from tests.pg_support import sibling_database
 
 ADMIN_KEY = "sim-admin-" + uuid.uuid4().hex
 
 
-def _admin(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture
 def e2e_ledger_url(pg_database: str) -> Iterator[str]:
-    name = f"{make_url(pg_database).database}_e2e_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(pg_database).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    yield url
-    ledger_io.engine().dispose()
-    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with sibling_database(pg_database, "e2e") as url:
+        yield url
+        ledger_io.engine().dispose()
 
 
 @pytest.fixture

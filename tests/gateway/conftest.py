@@ -3,14 +3,11 @@ gateway served on loopback with real uvicorn, and a run with freshly minted keys
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
 
 from gateway.aliases import Aliases
 from gateway.app import Gateway
@@ -19,24 +16,14 @@ from gateway.pacer_local import InProcessPacer
 from gateway.provider_sim.server import ProviderSim
 from gateway.serving import ServerThread
 from ledger.db import make_engine
-from ledger.migrate import upgrade
 from tests.gateway.gw_helpers import ADMIN_KEY, Stack, fast_aliases, sim_profile
-
-
-def _admin(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+from tests.pg_support import sibling_database
 
 
 @pytest.fixture(scope="session")
 def gw_ledger_url(pg_database: str) -> Iterator[str]:
-    name = f"{make_url(pg_database).database}_gw_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(pg_database).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    yield url
-    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with sibling_database(pg_database, "gw") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -7,51 +7,29 @@ tables truncated before each test. ``fresh_pg_url`` makes an empty database for 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 
-import psycopg
 import pytest
 from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
 
 from ledger.db import make_engine
 from ledger.migrate import upgrade
+from tests.pg_support import sibling_database
 
 QUEUE_TABLES = ("jobs", "instance_results", "pause_flags", "runs")
-
-
-def _admin(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def _create_sibling(pg_database: str, suffix: str) -> str:
-    name = f"{make_url(pg_database).database}_{suffix}_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
-    return make_url(pg_database).set(database=name).render_as_string(hide_password=False)
-
-
-def _drop(pg_database: str, url: str) -> None:
-    name = make_url(url).database
-    with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
 
 
 @pytest.fixture
 def fresh_pg_url(pg_database: str) -> Iterator[str]:
     """An empty PostgreSQL database, dropped after the test."""
-    url = _create_sibling(pg_database, "mig")
-    yield url
-    _drop(pg_database, url)
+    with sibling_database(pg_database, "mig", migrate=False) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
 def pg_ledger_session_url(pg_database: str) -> Iterator[str]:
-    url = _create_sibling(pg_database, "ledger")
-    upgrade(url)
-    yield url
-    _drop(pg_database, url)
+    with sibling_database(pg_database, "ledger") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
