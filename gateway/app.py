@@ -19,7 +19,9 @@
    then the harness gets the provider's response with its headers, so its SDK's own retry
    logic reads them;
 6. every attempt becomes an ``llm_calls`` row (run, instance, harness, task age, tokens by
-   class, latency, pacer wait, status, limit type, cost), written in batches;
+   class, latency, pacer wait, status, limit type, cost, and whether it repeats a request the
+   provider rejected: the gateway's own retry, or the harness resending the same body),
+   written in batches;
 7. the spend reservation is settled at the real cost and the pacer at the real tokens; the
    alias's latest rate-limit headers are kept (``alias_observations``) for the planner.
 
@@ -34,6 +36,7 @@ are ``gateway.wire``, and what is kept of each call (task age, the pacer's estim
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -261,7 +264,11 @@ class Gateway:
             requested_at=requested_at,
             input_estimate=input_tokens,
             max_tokens=max_tokens,
+            fingerprint=hashlib.blake2b(
+                json.dumps(body, sort_keys=True).encode(), digest_size=16
+            ).digest(),
         )
+        self.book.check_resend(call)
         try:
             return await self._forward(request, body, call)
         except BaseException:
@@ -332,6 +339,7 @@ class Gateway:
                 except ValueError:
                     log.warning("alias %s: provider sent a 200 that is not JSON", call.alias.name)
                 cost = self.book.record(call, 200, latency, None)
+                self.book.note_outcome(call, rejected=False)
                 self._settle_later(call, cost)
                 return Response(
                     raw, status_code=200, headers=out_headers, media_type="application/json"
@@ -352,7 +360,9 @@ class Gateway:
             )
             if retryable and not verdict.too_large and time.monotonic() + wait <= deadline:
                 await asyncio.sleep(max(0.0, wait))
+                call.retry = True  # the next attempt's 429 would repeat this one's evidence
                 continue
+            self.book.note_outcome(call, rejected=upstream.status_code == 429)
             self._settle_now(call, settled_cost=0)
             return Response(
                 raw,
@@ -388,6 +398,7 @@ class Gateway:
 
         headers = passthrough_headers(upstream.headers)
         self.book.observe(call, upstream, LimitType.NONE, None, None)
+        self.book.note_outcome(call, rejected=False)
         self._sync_pacer(call, upstream)
         return StreamingResponse(
             relay(),

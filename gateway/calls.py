@@ -1,8 +1,9 @@
 """One harness call as the gateway tracks it while in flight (``Call``), and what the gateway
 keeps of calls (``CallBook``): per instance, when it first saw it (the task's age when the
-harness sends no start time) and its previous prompt (the cached part of the pacer's estimate,
-since agents resend their history); per call, its ``llm_calls`` row and the alias's latest
-rate-limit headers (``alias_observations``), handed to the recorder to write in batches.
+harness sends no start time), its previous prompt (the cached part of the pacer's estimate,
+since agents resend their history) and the request the provider last rejected (a harness that
+resends it is retrying: ``llm_calls.retry``); per call, its ``llm_calls`` row and the alias's
+latest rate-limit headers (``alias_observations``), handed to the recorder to write in batches.
 
 Kept apart from the call path (``gateway.app``), which decides what happens to a call, so that
 what is remembered and recorded about it reads in one place.
@@ -43,6 +44,8 @@ class Call:
     requested_at: datetime
     input_estimate: int
     max_tokens: int
+    fingerprint: bytes = b""  # digest of the request body: a resend of it is a retry
+    retry: bool = False  # this attempt repeats a request the provider rejected
     permit: Permit | None = None
     settled: bool = False
     usage: CallUsage = field(default_factory=CallUsage)
@@ -57,6 +60,7 @@ class CallBook:
         self._clock = clock
         self._first_seen: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._last_input: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._rejected: OrderedDict[tuple[str, str], bytes] = OrderedDict()
 
     def estimate(self, call: Call) -> CallEstimate:
         """The pacer's estimate: the cached part is the instance's previous prompt (agents
@@ -76,6 +80,28 @@ class CallBook:
             max_output=call.max_tokens,
             task_age_s=call.task_age_s,
         )
+
+    def check_resend(self, call: Call) -> None:
+        """Mark the call a retry when its instance's last request, which the provider
+        rejected, had the same body (the harness's SDK retrying after the gateway gave up)."""
+        if call.instance is None or not call.fingerprint:
+            return
+        key = (call.reservation.run_id, call.instance)
+        if self._rejected.get(key) == call.fingerprint:
+            call.retry = True
+
+    def note_outcome(self, call: Call, rejected: bool) -> None:
+        """Remember the request the provider rejected (per instance, bounded), or forget it."""
+        if call.instance is None:
+            return
+        key = (call.reservation.run_id, call.instance)
+        if not rejected:
+            self._rejected.pop(key, None)
+            return
+        self._rejected[key] = call.fingerprint
+        self._rejected.move_to_end(key)
+        while len(self._rejected) > 200_000:
+            self._rejected.popitem(last=False)
 
     def task_age(self, request: Request, run_id: str, instance: str | None) -> float | None:
         """Seconds since the task started: its ``x-evalfleet-task-started-at`` (epoch seconds),
@@ -118,6 +144,7 @@ class CallBook:
                 "status": status,
                 "limit_type": limit,
                 "cost_micro_usd": cost,
+                "retry": call.retry,
             }
         )
         return cost

@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -135,6 +136,9 @@ class LlmCall(Base):
     status: Mapped[int] = mapped_column(Integer)
     limit_type: Mapped[str | None] = mapped_column(String(16))
     cost_micro_usd: Mapped[int] = mapped_column(BigInteger, default=0)
+    # the attempt repeats a request the provider rejected (the gateway's own retry, or the
+    # harness resending the same body after a 429): its 429 is no new evidence for the planner
+    retry: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class PlannerDecision(Base):

@@ -1,8 +1,9 @@
 """What the gateway recorded for an alias since the planner's last tick, read from the ledger.
 
-* ``read_window``: the ``llm_calls`` of one alias after the watermark id — 429s by limit type,
-  overloads, spend errors (and the runs they hit), the counted usage of each budget class, the
-  pacer wait — as ``WindowCalls``; ``latest_call_id`` starts the watermark;
+* ``read_window``: the ``llm_calls`` of one alias after the watermark id — 429s by limit type
+  (a call's first, not its retries': ``llm_calls.retry``), overloads, spend errors (and the
+  runs they hit), the counted usage of each budget class, the pacer wait — as
+  ``WindowCalls``; ``latest_call_id`` starts the watermark;
 * ``accepted_rates``: what the provider accepted over a time span (a repeated cut's measure);
 * ``fresh_header_limits``: the provider's latest stated limits when they were observed after the
   previous tick (an old observation must not keep a stale seed looking fresh);
@@ -163,20 +164,22 @@ def read_window(
         ).where(*base)
     ).one()
     errors = conn.execute(
-        select(LlmCall.status, LlmCall.limit_type, LlmCall.run_id, func.count())
+        select(LlmCall.status, LlmCall.limit_type, LlmCall.run_id, LlmCall.retry, func.count())
         .where(*base, LlmCall.status != 200)
-        .group_by(LlmCall.status, LlmCall.limit_type, LlmCall.run_id)
+        .group_by(LlmCall.status, LlmCall.limit_type, LlmCall.run_id, LlmCall.retry)
     ).all()
     throttles: list[LimitType] = []
     overloads = spend = 0
     spend_runs: set[str] = set()
-    for status, limit_type, run_id, n in errors:
+    for status, limit_type, run_id, retry, n in errors:
         if limit_type == LimitType.SPEND.value:
             spend += int(n)
             if run_id:
                 spend_runs.add(run_id)
         elif limit_type == LimitType.OVERLOAD.value or status in _OVERLOAD_STATUS:
             overloads += int(n)
+        elif retry:
+            continue  # a call's first 429 is the evidence; its retries' repeat it
         elif status == 429 and limit_type in _RATE_TYPES:
             throttles.extend([LimitType(limit_type)] * int(n))
         elif status == 429:

@@ -10,7 +10,8 @@ The curve: the shipped default of the trace's harness for a trace scenario; for 
 harness a curve fitted (``planner.fit.fit_curve``) from simulated unthrottled samples of the
 parametric model (another seed than the run's), as production fits curves from what landed.
 Only what a real deployment knows is used: the alias config (seed, cache-counting belief), the
-provider's limit classes (which exist, not their values), headers and 429s.
+provider's limit classes (which exist, not their values), headers and 429s (a call's first 429,
+not its retries', as the gateway records them).
 """
 
 from __future__ import annotations
@@ -238,6 +239,7 @@ class PlannerPolicy:
         self._pacer_gate.on_admit = lambda now, call: self.charges.admitted(
             call, now, self._base[call], self._cached[call]
         )
+        self._rejected: set[int] = set()  # calls that drew a 429 (their retries' add nothing)
         self.recounted: list[tuple[float, bool]] = []  # (when, cache reads count) on each flip
 
     def _counted_per_call(self, cached_input_counts: bool) -> list[float]:
@@ -269,6 +271,13 @@ class PlannerPolicy:
         if held:
             # an empty bucket it says nothing of takes no retries at once
             self.pacer.hold(held, hold_seconds(classification, HOLD_AFTER_429_S), now)
+        if call in self._rejected:
+            # a retry's 429 repeats its first one's evidence (the gateway flags retries in
+            # llm_calls.retry, and the planner's window skips them): a call too big for the
+            # provider's bucket at the moment, retried until it fits, would otherwise cut every
+            # budget on each retry (docs/bench-planner.md, seventeenth round)
+            return
+        self._rejected.add(call)
         if self.state.in_cooldown(now):
             self._throttles.append(throttle)
             return

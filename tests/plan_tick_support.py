@@ -129,6 +129,7 @@ def add_calls(
     at: datetime = T0,
     tokens: int = 1000,
     pacer_wait_s: float = 0.0,
+    retry: bool = False,
 ) -> None:
     with eng.begin() as conn:
         conn.execute(
@@ -144,6 +145,7 @@ def add_calls(
                     "limit_type": limit_type,
                     "latency_s": 1.0,
                     "pacer_wait_s": pacer_wait_s,
+                    "retry": retry,
                 }
                 for _ in range(n)
             ],

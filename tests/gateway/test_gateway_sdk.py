@@ -109,11 +109,16 @@ def test_sdk_retries_a_429_using_our_headers(make_stack, flavour):
     stack = make_stack(profile=profile, max_retry_wait_s=0.0)
     keys = stack.new_run(alias=f"sim-{flavour}")
     secret = keys.gateway_key.get_secret_value()
+    instance = {"x-evalfleet-instance": "astropy-1"}
     if flavour == "openai":
-        client = openai.OpenAI(api_key=secret, base_url=stack.url + "/v1", max_retries=3)
+        client = openai.OpenAI(
+            api_key=secret, base_url=stack.url + "/v1", max_retries=3, default_headers=instance
+        )
         create = client.chat.completions.with_raw_response.create
     else:
-        client = anthropic.Anthropic(api_key=secret, base_url=stack.url, max_retries=3)
+        client = anthropic.Anthropic(
+            api_key=secret, base_url=stack.url, max_retries=3, default_headers=instance
+        )
         create = client.messages.with_raw_response.create
     calls = 0
     while True:
@@ -132,6 +137,9 @@ def test_sdk_retries_a_429_using_our_headers(make_stack, flavour):
     statuses = [r.status for r in rows]
     assert statuses.count(429) == raw.retries_taken and statuses.count(200) == calls
     assert {r.limit_type for r in rows if r.status == 429} == {"requests"}
+    # the SDK resent the body the provider rejected: that attempt is a retry (its 429, had it
+    # drawn one, no new evidence for the planner); the same body after a success is not
+    assert [r.retry for r in rows] == [False] + [prev.status == 429 for prev in rows[:-1]]
 
 
 def test_gateway_retries_429_within_its_bounded_wait(make_stack):
@@ -152,3 +160,4 @@ def test_gateway_retries_429_within_its_bounded_wait(make_stack):
     rows, _ = _calls(stack, keys.run_id, 3)
     assert [r.status for r in rows] == [200, 429, 200]
     assert rows[1].limit_type == "tokens"
+    assert [r.retry for r in rows] == [False, False, True]  # the gateway's own retry

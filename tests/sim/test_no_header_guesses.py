@@ -2,7 +2,8 @@
 with a guess (a stale seed, the share rule's blame of an unknown 429) decides the run.
 
 Each test runs the shipped planner and the planner with the naive rule on a file written
-outside the generator (``scenarios/outside/``), and fails on the naive rule.
+outside the generator (``scenarios/outside/``), and fails on the naive rule; the last one
+drives the policy's 429 handling directly (a retry's 429 is no new evidence).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.budgets import ControllerConfig
+from planner.classify import Classification, LimitType
 from sim.engine import Simulation
 from sim.limits import ProviderLimits
 from sim.metrics import limit_spec, lower_bound, summarise
@@ -20,7 +22,8 @@ from sim.scenario import load_scenario
 from sim.targets import MAX_RATIO
 from sim.workload import build_workload
 
-OUTSIDE = Path(__file__).resolve().parents[2] / "scenarios" / "outside"
+ROOT = Path(__file__).resolve().parents[2]
+OUTSIDE = ROOT / "scenarios" / "outside"
 
 
 def run_planner(name: str, controller: ControllerConfig) -> dict[str, Any]:
@@ -66,3 +69,26 @@ def test_a_guessed_blame_does_not_hold_the_wrong_budget_for_twenty_minutes() -> 
     assert shipped["makespan_s"] < 0.96 * naive["makespan_s"], (shipped, naive)
     assert shipped["ratio"] <= MAX_RATIO < naive["ratio"]
     assert shipped["rate_429"] <= 0.005
+
+
+def test_the_retries_of_a_rejected_call_cut_nothing_more() -> None:
+    """A call too big for the provider's bucket at the moment is rejected and retried until it
+    fits (random-290: a 65,536-output-token call, rejected three times in 83 s while the rest
+    of the fleet's traffic was well inside every limit). Its first 429 is evidence; its
+    retries' repeat it, as the gateway records them (``llm_calls.retry``). Counted each time,
+    they cut every budget of a header-less alias again once the cooldown is over, and the
+    share rule, measuring rates its own cuts just lowered, re-based the token seed to 0.4x its
+    limit (5,535 s, 1.09x ``fixed:34``)."""
+    scenario = load_scenario(ROOT / "scenarios" / "parametric-seed-high-no-headers.yaml")
+    workload = build_workload(scenario)
+    policy = PlannerPolicy(scenario, workload, lambda now: None)
+    bare = Classification(status=429, limit_type=LimitType.UNKNOWN)
+    cooldown = policy.controller.cooldown_s
+
+    policy.on_response(100.0, 7, bare)
+    after_first = policy.state.budgets
+    assert after_first.tokens_per_s < policy.state.seed.tokens_per_s * 1.5  # the first one cuts
+    policy.on_response(100.0 + 2 * cooldown, 7, bare)  # its retry, after the cooldown
+    assert policy.state.budgets == after_first
+    policy.on_response(100.0 + 3 * cooldown, 8, bare)  # another call's first 429 cuts
+    assert policy.state.budgets.tokens_per_s < after_first.tokens_per_s

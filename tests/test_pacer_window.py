@@ -1,0 +1,51 @@
+"""What the planner's window reads of the gateway's ``llm_calls`` (``ledger.pacer_window``) on a
+real PostgreSQL ledger: a call's first 429 is counted as a throttle and its retries' are not
+(``llm_calls.retry``), while every attempt still counts as a call and an overload or spend
+error counts however often it comes."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine
+
+from ledger import pacer_window
+from planner.classify import LimitType
+from tests import plan_tick_support
+from tests.plan_tick_support import ALIAS, add_calls
+
+pytestmark = pytest.mark.postgres
+
+plan_db = plan_tick_support.plan_db
+plan_ledger = plan_tick_support.plan_ledger
+
+
+def _window(eng: Engine) -> pacer_window.WindowCalls:
+    with eng.connect() as conn:
+        return pacer_window.read_window(
+            conn, ALIAS, 0, token_class="input", cached_input_counts=False
+        )
+
+
+def test_a_retried_429_counts_once(plan_ledger: Engine) -> None:
+    add_calls(plan_ledger, 10)
+    add_calls(plan_ledger, 2, status=429, limit_type="tokens")
+    add_calls(plan_ledger, 5, status=429, limit_type="tokens", retry=True)
+    add_calls(plan_ledger, 1, status=429, limit_type=None)
+    add_calls(plan_ledger, 3, status=429, limit_type=None, retry=True)
+    add_calls(plan_ledger, 2, retry=True)  # retries that got through
+
+    window = _window(plan_ledger)
+
+    assert sorted(window.throttles) == sorted([LimitType.TOKENS] * 2 + [LimitType.UNKNOWN])
+    assert window.calls == 23  # the request bucket is charged for every attempt
+    assert window.answered == 12
+
+
+def test_retried_overloads_and_spend_errors_still_count(plan_ledger: Engine) -> None:
+    add_calls(plan_ledger, 2, status=529, limit_type="overload", retry=True)
+    add_calls(plan_ledger, 1, status=402, limit_type="spend", retry=True)
+
+    window = _window(plan_ledger)
+
+    assert window.overloads == 2 and window.spend_errors == 1
+    assert window.throttles == ()
