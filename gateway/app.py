@@ -36,7 +36,6 @@ are ``gateway.wire``, and what is kept of each call (task age, the pacer's estim
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
@@ -212,8 +211,9 @@ class Gateway:
         secret = presented_key(request)
         if secret is None:
             return unauthorized(flavour, "no gateway key: send Authorization: Bearer <key>")
+        raw_body = await request.body()
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw_body)
         except ValueError:
             return bad_request(flavour, "request body is not valid JSON")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
@@ -264,9 +264,7 @@ class Gateway:
             requested_at=requested_at,
             input_estimate=input_tokens,
             max_tokens=max_tokens,
-            fingerprint=hashlib.blake2b(
-                json.dumps(body, sort_keys=True).encode(), digest_size=16
-            ).digest(),
+            raw_body=raw_body,
         )
         self.book.check_resend(call)
         try:

@@ -11,6 +11,7 @@ what is remembered and recorded about it reads in one place.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Callable
@@ -31,6 +32,10 @@ from planner.classify import LimitType
 __all__ = ["Call", "CallBook"]
 
 
+def _digest(raw_body: bytes) -> bytes:
+    return hashlib.blake2b(raw_body, digest_size=16).digest()
+
+
 @dataclass
 class Call:
     """What the gateway knows about one harness call while it is in flight."""
@@ -44,7 +49,7 @@ class Call:
     requested_at: datetime
     input_estimate: int
     max_tokens: int
-    fingerprint: bytes = b""  # digest of the request body: a resend of it is a retry
+    raw_body: bytes = b""  # the request as the harness sent it: a resend repeats it
     retry: bool = False  # this attempt repeats a request the provider rejected
     permit: Permit | None = None
     settled: bool = False
@@ -83,11 +88,13 @@ class CallBook:
 
     def check_resend(self, call: Call) -> None:
         """Mark the call a retry when its instance's last request, which the provider
-        rejected, had the same body (the harness's SDK retrying after the gateway gave up)."""
-        if call.instance is None or not call.fingerprint:
+        rejected, had the same body (the harness's SDK retrying after the gateway gave up).
+        The body is hashed only for an instance with a rejection remembered: most calls cost
+        a dict lookup."""
+        if call.instance is None:
             return
-        key = (call.reservation.run_id, call.instance)
-        if self._rejected.get(key) == call.fingerprint:
+        remembered = self._rejected.get((call.reservation.run_id, call.instance))
+        if remembered is not None and remembered == _digest(call.raw_body):
             call.retry = True
 
     def note_outcome(self, call: Call, rejected: bool) -> None:
@@ -98,7 +105,7 @@ class CallBook:
         if not rejected:
             self._rejected.pop(key, None)
             return
-        self._rejected[key] = call.fingerprint
+        self._rejected[key] = _digest(call.raw_body)
         self._rejected.move_to_end(key)
         while len(self._rejected) > 200_000:
             self._rejected.popitem(last=False)
