@@ -47,6 +47,11 @@ def cut(
             # (OpenAI), retries can keep the bucket so empty that little is accepted at all
             measured = delivered * (1.0 - config.probe_margin)
             new_value = max(min(new_value, measured), level * config.cut * config.cut)
+    remembered, memory = _level_memory(state, cls, level, now, config, unchecked=unchecked)
+    if blamed and remembered < level:
+        # a re-probe confirmed the old level: the provider's bucket let the budget climb past
+        # it before emptying, so the cut starts from the limit, not from the overshoot
+        new_value = min(new_value, remembered * config.cut)
     if config.cut_to_seed and level > seed_value and not state.is_stale(now):
         # the room above the seed was not there (a stale seed is no better a guess than the
         # level the provider just rejected: the cut stands)
@@ -61,7 +66,6 @@ def cut(
             ),
             False,
         )
-    remembered, memory = _level_memory(state, cls, level, now, config, unchecked=unchecked)
     cuts = tuple(t for t in state.cuts_below_seed.get(cls, ()) if now - t <= config.rebase_period_s)
     seed = state.seed
     rebased = False
@@ -124,7 +128,8 @@ def _level_memory(
     class's memory. One after the memory lapsed is a re-probe: at about the same level (at most
     ``reprobe_same`` x it) the limit has not moved, so the old level stays (growth goes back at
     once to what held for the whole memory, not down a staircase of 429s from the higher level
-    the per-minute bucket let the re-probe reach) and the memory doubles, up to
+    the per-minute bucket let the re-probe reach; ``cut`` cuts from it too) and the memory
+    doubles, up to
     ``memory_max_s``; higher, the limit rose: its level, remembered for ``memory_s``.
 
     An ``unchecked`` blame (an unknown 429 put on this class by the share rule alone) is a

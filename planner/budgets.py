@@ -44,7 +44,9 @@ Rules, in the order ``step`` applies them:
    conservative cut would cap the budget below the limit for ``memory_s``). The level that drew
    the 429 is remembered for ``memory_s`` (20 minutes). A re-probe after that which draws a 429
    at about the same level (at most ``reprobe_same`` x it) confirms the limit: the old level
-   stays remembered and the class's memory doubles, up to ``memory_max_s`` (80 minutes), so a
+   stays remembered, the cut goes from it (not from the level the per-minute bucket let the
+   re-probe reach, which a cut from leaves above the limit) and the class's memory doubles,
+   up to ``memory_max_s`` (80 minutes), so a
    steady limit is re-probed ever more rarely while one raised mid-run (no header says so) is
    found within 20 minutes. A 429 of an unknown limit draws the blame only on
    the class the provider accepted most of relative to its budget (when what it accepted was
@@ -83,13 +85,13 @@ Rules, in the order ``step`` applies them:
 
 The types (budgets, config, state, observation) live in ``planner.budget_state``; by how much
 a class moves (a cut, growth, a re-base) in ``planner.budget_moves``; whom a 429 blames in
-``planner.blame``.
+``planner.blame``; how header limits seed and cap the budgets (rule 1) in
+``planner.budget_headers``.
 Pure: the clock is ``obs.now``; no I/O.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -103,6 +105,7 @@ from planner.blame import (
     steadiest,
     steady_overrides_share,
 )
+from planner.budget_headers import apply_headers, header_budgets, header_classes
 from planner.budget_state import (
     NEG_INF,
     BudgetClass,
@@ -134,48 +137,6 @@ __all__ = [
 ]
 
 
-def header_budgets(
-    observed_limits: Mapping[LimitType, float],
-    *,
-    token_class: TokenClass,
-    has_output_budget: bool,
-) -> dict[BudgetClass, float]:
-    """Header limits (per minute) → per-second caps of the budget classes they bind."""
-    per_minute = header_classes(
-        observed_limits, token_class=token_class, has_output_budget=has_output_budget
-    )
-    return {cls: v / 60.0 for cls, v in per_minute.items() if v > 0}
-
-
-def header_classes(
-    values: Mapping[LimitType, float],
-    *,
-    token_class: TokenClass,
-    has_output_budget: bool,
-) -> dict[BudgetClass, float]:
-    """Header values by limit type (limits or remaining, as stated) → by the budget class they
-    bind: requests; the alias's counted token class (the combined limit, or input tokens, or
-    OpenAI's single token limit for an input alias); output tokens when the alias budgets them."""
-    out: dict[BudgetClass, float] = {}
-
-    def take(lt: LimitType, bc: BudgetClass) -> None:
-        v = values.get(lt)
-        if v is not None and math.isfinite(v) and v >= 0:
-            out[bc] = v
-
-    take(LimitType.REQUESTS, BudgetClass.REQUESTS)
-    if token_class == "combined":
-        take(LimitType.TOKENS, BudgetClass.TOKENS)
-    else:
-        take(LimitType.INPUT_TOKENS, BudgetClass.TOKENS)
-        if BudgetClass.TOKENS not in out:
-            # OpenAI-style headers state one token limit; it bounds counted input too
-            take(LimitType.TOKENS, BudgetClass.TOKENS)
-    if has_output_budget:
-        take(LimitType.OUTPUT_TOKENS, BudgetClass.OUTPUT_TOKENS)
-    return out
-
-
 def initial_state(
     seed_config: Budgets,
     now: float,
@@ -198,7 +159,7 @@ def initial_state(
         stale_after_s=cfg.stale_after_s,
     )
     if observed_limits:
-        state, _notes = _apply_headers(state, observed_limits, now, cfg)
+        state, _notes = apply_headers(state, observed_limits, now, cfg)
         state = replace(state, answered=True)  # headers come with answers
         budgets = state.budgets
         for cls in state.observed:
@@ -258,56 +219,6 @@ def recounted(state: BudgetState, cached_input_counts: bool) -> BudgetState:
     ).keeping_429_memory(lambda k: k is not cls)
 
 
-def _apply_headers(
-    state: BudgetState,
-    observed_limits: Mapping[LimitType, float],
-    now: float,
-    config: ControllerConfig,
-) -> tuple[BudgetState, list[str]]:
-    # a stated output limit is a limit class the provider has: it gets a budget even when the
-    # alias config has none (else its 429s would cut every other budget, blind)
-    caps = header_budgets(observed_limits, token_class=state.token_class, has_output_budget=True)
-    if not caps:
-        return state, []
-    notes: list[str] = []
-    seed, budgets = state.seed, state.budgets
-    for cls, cap in caps.items():
-        previous = seed.get(cls)
-        if previous is None:
-            notes.append(f"{cls}: a limit the config did not budget: header limit {cap:.6g}/s")
-        elif previous != cap:
-            notes.append(f"{cls}: seed {previous:.6g} -> header limit {cap:.6g}/s")
-        seed = seed.with_value(cls, cap)
-        current = budgets.get(cls)
-        if current is None or current > cap:
-            budgets = budgets.with_value(cls, cap)
-        elif state.observed.get(cls) != cap:
-            # a newly stated limit: the budget goes to it at once (not +5% per window from a
-            # stale or low seed), but not back above a level that drew a 429 recently
-            bound = cap
-            remembered = state.level_cap(cls, now, config)
-            if remembered is not None:
-                bound = min(bound, remembered)
-            if bound > current:
-                budgets = budgets.with_value(cls, bound)
-    hard = {**state.hard_caps, **caps}
-    return (
-        replace(
-            state,
-            seed=seed,
-            budgets=budgets,
-            seeded_at=now,
-            seed_source="headers",
-            hard_caps=hard,
-            # a stated limit is the seed now: what rule 7 proved of the old one is moot
-            proven_rate={k: v for k, v in state.proven_rate.items() if k not in caps},
-            observed=dict(caps),
-            observed_at=now,
-        ),
-        notes,
-    )
-
-
 def step(
     state: BudgetState, obs: WindowObservation, config: ControllerConfig
 ) -> tuple[BudgetState, ControllerActions]:
@@ -320,7 +231,7 @@ def step(
 
     # 1. headers: hard caps, and they win over config.
     if obs.observed_limits:
-        state, header_notes = _apply_headers(state, obs.observed_limits, now, config)
+        state, header_notes = apply_headers(state, obs.observed_limits, now, config)
         notes.extend(header_notes)
 
     # 2. stale seed.

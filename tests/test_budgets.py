@@ -178,7 +178,9 @@ def test_a_reprobe_that_finds_the_same_limit_keeps_its_level_and_doubles_the_mem
     past the old level; a 429 there, at about the same level, confirms it. The budget goes
     back under the old level (what held for the whole memory), not under the higher level
     the re-probe reached (a staircase of 429s down from it), and that level is remembered
-    twice as long."""
+    twice as long. The cut starts from the old level too: the per-minute bucket let the
+    re-probe climb past the limit before it emptied, and a cut from there lands above the
+    limit and draws the next 429 (random-401: four more)."""
     s = replace(fresh(), budgets=replace(SEED, tokens_per_s=30_000.0))
     s, _ = window(s, 15.0, LimitType.TOKENS)
     assert s.last_429_level[TOK] == 30_000.0
@@ -189,10 +191,27 @@ def test_a_reprobe_that_finds_the_same_limit_keeps_its_level_and_doubles_the_mem
     s, _ = window(s, t, LimitType.TOKENS)
     assert s.last_429_level[TOK] == 30_000.0
     assert s.level_memory_s[TOK] == 2 * CFG.memory_s
+    assert s.budgets.tokens_per_s == pytest.approx(30_000.0 * CFG.cut)
     s, t = clean_until(s, t, t + 1.5 * CFG.memory_s)  # past memory_s, within twice it
     assert s.budgets.tokens_per_s == pytest.approx(30_000.0 * (1 - CFG.probe_margin))
     s, t = clean_until(s, t, t + CFG.memory_s)  # twice memory_s lapsed: probes again
     assert s.budgets.tokens_per_s > 30_000.0
+
+
+def test_a_reprobe_that_the_per_minute_bucket_let_climb_40_percent_still_confirms() -> None:
+    """Growing 5% per window, a re-probe of an unchanged limit climbs on while the provider's
+    full per-minute bucket drains: unchanged limits drew their re-probe 429s 27-47% above the
+    old level (random-401, random-413). Such a 429 confirms the old level; taken for a raised
+    limit, it started a staircase of 429s down from the overshoot."""
+    s = replace(fresh(), budgets=replace(SEED, tokens_per_s=20_000.0))
+    s, _ = window(s, 15.0, LimitType.TOKENS)
+    s, t = clean_until(s, 15.0, 15.0 + CFG.memory_s + 45.0)
+    s = replace(s, budgets=replace(s.budgets, tokens_per_s=1.4 * 20_000.0))
+    t += 15.0
+    s, _ = window(s, t, LimitType.TOKENS)
+    assert s.last_429_level[TOK] == 20_000.0
+    assert s.level_memory_s[TOK] == 2 * CFG.memory_s
+    assert s.budgets.tokens_per_s == pytest.approx(20_000.0 * CFG.cut)
 
 
 def test_a_reprobe_past_the_old_level_remembers_the_new_limit_for_the_first_memory() -> None:

@@ -1,0 +1,111 @@
+"""Rule 1 of the budget controller: rate-limit header limits as the seed and as hard caps.
+
+Owns how header values (per minute, by the provider's limit type) map onto the alias's budget
+classes, and how a stated limit replaces the seed and caps the budget (``planner.budgets``,
+rule 1; the stale re-seed of rule 2 applies the latest headers the same way). Pure: the clock
+is an argument; no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+
+from planner.budget_state import BudgetClass, BudgetState, ControllerConfig, TokenClass
+from planner.classify import LimitType
+
+__all__ = ["apply_headers", "header_budgets", "header_classes"]
+
+
+def header_budgets(
+    observed_limits: Mapping[LimitType, float],
+    *,
+    token_class: TokenClass,
+    has_output_budget: bool,
+) -> dict[BudgetClass, float]:
+    """Header limits (per minute) → per-second caps of the budget classes they bind."""
+    per_minute = header_classes(
+        observed_limits, token_class=token_class, has_output_budget=has_output_budget
+    )
+    return {cls: v / 60.0 for cls, v in per_minute.items() if v > 0}
+
+
+def header_classes(
+    values: Mapping[LimitType, float],
+    *,
+    token_class: TokenClass,
+    has_output_budget: bool,
+) -> dict[BudgetClass, float]:
+    """Header values by limit type (limits or remaining, as stated) → by the budget class they
+    bind: requests; the alias's counted token class (the combined limit, or input tokens, or
+    OpenAI's single token limit for an input alias); output tokens when the alias budgets them."""
+    out: dict[BudgetClass, float] = {}
+
+    def take(lt: LimitType, bc: BudgetClass) -> None:
+        v = values.get(lt)
+        if v is not None and math.isfinite(v) and v >= 0:
+            out[bc] = v
+
+    take(LimitType.REQUESTS, BudgetClass.REQUESTS)
+    if token_class == "combined":
+        take(LimitType.TOKENS, BudgetClass.TOKENS)
+    else:
+        take(LimitType.INPUT_TOKENS, BudgetClass.TOKENS)
+        if BudgetClass.TOKENS not in out:
+            # OpenAI-style headers state one token limit; it bounds counted input too
+            take(LimitType.TOKENS, BudgetClass.TOKENS)
+    if has_output_budget:
+        take(LimitType.OUTPUT_TOKENS, BudgetClass.OUTPUT_TOKENS)
+    return out
+
+
+def apply_headers(
+    state: BudgetState,
+    observed_limits: Mapping[LimitType, float],
+    now: float,
+    config: ControllerConfig,
+) -> tuple[BudgetState, list[str]]:
+    """Header limits (per minute) as the alias's seed and hard caps; the notes say what moved."""
+    # a stated output limit is a limit class the provider has: it gets a budget even when the
+    # alias config has none (else its 429s would cut every other budget, blind)
+    caps = header_budgets(observed_limits, token_class=state.token_class, has_output_budget=True)
+    if not caps:
+        return state, []
+    notes: list[str] = []
+    seed, budgets = state.seed, state.budgets
+    for cls, cap in caps.items():
+        previous = seed.get(cls)
+        if previous is None:
+            notes.append(f"{cls}: a limit the config did not budget: header limit {cap:.6g}/s")
+        elif previous != cap:
+            notes.append(f"{cls}: seed {previous:.6g} -> header limit {cap:.6g}/s")
+        seed = seed.with_value(cls, cap)
+        current = budgets.get(cls)
+        if current is None or current > cap:
+            budgets = budgets.with_value(cls, cap)
+        elif state.observed.get(cls) != cap:
+            # a newly stated limit: the budget goes to it at once (not +5% per window from a
+            # stale or low seed), but not back above a level that drew a 429 recently
+            bound = cap
+            remembered = state.level_cap(cls, now, config)
+            if remembered is not None:
+                bound = min(bound, remembered)
+            if bound > current:
+                budgets = budgets.with_value(cls, bound)
+    hard = {**state.hard_caps, **caps}
+    return (
+        replace(
+            state,
+            seed=seed,
+            budgets=budgets,
+            seeded_at=now,
+            seed_source="headers",
+            hard_caps=hard,
+            # a stated limit is the seed now: what rule 7 proved of the old one is moot
+            proven_rate={k: v for k, v in state.proven_rate.items() if k not in caps},
+            observed=dict(caps),
+            observed_at=now,
+        ),
+        notes,
+    )
