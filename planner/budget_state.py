@@ -103,12 +103,14 @@ class ControllerConfig:
     # old level is kept and the class's memory doubles, up to memory_max_s [memory_s, 86400].
     # A steady limit is re-probed ever more rarely, a raised one (no header says so) is found
     # within memory_s. "About the same" is wide: growing 5% per window, a re-probe of an
-    # unchanged limit climbs on while the provider's full per-minute bucket drains (up to about
-    # 1.7x at full demand); unchanged limits drew their re-probe 429s at 1.27x-1.47x
-    # (random-401, random-413), which 1.2 took for raised limits, each a staircase of 429s
+    # unchanged limit climbs on while the provider's full per-minute bucket drains, up to
+    # about 1.7x at full demand (the excess over the limit, summed over the windows, reaches
+    # the bucket's 60 s at the 11th-12th window: 1.05^11.5). Unchanged limits drew their
+    # re-probe 429s at 1.27x-1.75x (random-401, random-413, random-515), which 1.2 took for
+    # raised limits, each the start of a staircase of 429s
     memory_s: float = 1200.0
     memory_max_s: float = 4800.0
-    reprobe_same: float = 1.5
+    reprobe_same: float = 1.8
     # how long a level blamed on an unknown 429 by the share rule alone caps growth, until a
     # re-probe confirms it (at most memory_s) [0, 86400]
     unchecked_memory_s: float = 600.0

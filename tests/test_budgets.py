@@ -200,9 +200,9 @@ def test_a_reprobe_that_finds_the_same_limit_keeps_its_level_and_doubles_the_mem
 
 def test_a_reprobe_that_the_per_minute_bucket_let_climb_40_percent_still_confirms() -> None:
     """Growing 5% per window, a re-probe of an unchanged limit climbs on while the provider's
-    full per-minute bucket drains: unchanged limits drew their re-probe 429s 27-47% above the
-    old level (random-401, random-413). Such a 429 confirms the old level; taken for a raised
-    limit, it started a staircase of 429s down from the overshoot."""
+    full per-minute bucket drains: unchanged limits drew their re-probe 429s 27-75% above the
+    old level (random-401, random-413, random-515). Such a 429 confirms the old level; taken
+    for a raised limit, it started a staircase of 429s down from the overshoot."""
     s = replace(fresh(), budgets=replace(SEED, tokens_per_s=20_000.0))
     s, _ = window(s, 15.0, LimitType.TOKENS)
     s, t = clean_until(s, 15.0, 15.0 + CFG.memory_s + 45.0)
