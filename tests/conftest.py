@@ -51,7 +51,7 @@ def _pg_admin_execute(sql: str) -> None:
     import psycopg
 
     with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
+        conn.execute(sql)
 
 
 def _make_pg_database(prefix: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 
 from planner.budgets import Budgets
 from planner.pacer import CallEstimate, CallUsage, PacerCore
@@ -23,7 +24,7 @@ def budgets(
 
 def drive(
     pacer: PacerCore,
-    arrivals: list[tuple[float, str, CallEstimate, float, CallUsage | None]],
+    arrivals: Sequence[tuple[float, str, CallEstimate, float, CallUsage | None]],
     until: float,
 ) -> dict[str, float]:
     """A tiny event loop: arrivals, admissions (via request/poll/next_ready_at), releases after
@@ -62,6 +63,8 @@ def drive(
     return admitted_at
 
 
-def flood(n: int, est: CallEstimate, rate: float, dur: float = 0.5, start: float = 0.0):
+def flood(
+    n: int, est: CallEstimate, rate: float, dur: float = 0.5, start: float = 0.0
+) -> list[tuple[float, str, CallEstimate, float, CallUsage]]:
     usage = CallUsage(est.input_uncached, est.input_cached, est.max_output)
     return [(start + i / rate, f"c{i}", est, dur, usage) for i in range(n)]

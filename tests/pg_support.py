@@ -20,7 +20,7 @@ def _admin(url: str) -> str:
 
 def _execute(pg_database: str, sql: str) -> None:
     with psycopg.connect(_admin(pg_database), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
+        conn.execute(sql)
 
 
 @contextmanager

@@ -93,7 +93,7 @@ def add_run(
                 config={},
             )
         )
-        rows = []
+        rows: list[tuple[str, datetime | None]] = []
         for k in range(running):
             rows.append(("running", now - timedelta(seconds=30 * k)))
         rows += [("booting", None)] * booting

@@ -110,12 +110,14 @@ def test_simulated_run_lands_in_every_table(
         n_calls = conn.execute(
             select(func.count()).select_from(LlmCall).where(LlmCall.run_id == run_id)
         ).scalar_one()
-        states = dict(
+        states: dict[str, int] = dict(
             conn.execute(
                 select(InstanceResult.state, func.count())
                 .where(InstanceResult.run_id == run_id)
                 .group_by(InstanceResult.state)
-            ).all()
+            )
+            .tuples()
+            .all()
         )
         n_decisions = conn.execute(select(func.count()).select_from(PlannerDecision)).scalar_one()
         actions = conn.execute(select(AuditLog.action).order_by(AuditLog.at)).scalars().all()
@@ -260,7 +262,9 @@ def test_timeline_figures_have_their_axes_and_save_as_non_empty_png(
     figures = timeline_figures(tl)
     fleet = figures["fleet"].axes[0]
     assert (fleet.get_xlabel(), fleet.get_ylabel()) == (TIME_LABEL, "tasks")
-    legend = [t.get_text() for t in fleet.get_legend().get_texts()]
+    fleet_legend = fleet.get_legend()
+    assert fleet_legend is not None
+    legend = [t.get_text() for t in fleet_legend.get_texts()]
     # one band label per constraint the planner reported
     bindings = {f"binding: {b}" for b in tl.decisions["binding"].astype(str)}
     assert {"live (running)", "booting", "ceiling"} <= set(legend)
@@ -272,7 +276,9 @@ def test_timeline_figures_have_their_axes_and_save_as_non_empty_png(
         "run.close",
     }
     assert [ax.get_ylabel() for ax in figures["rates"].axes] == ["calls/s", "tokens/s"]
-    rate_legend = [t.get_text() for t in figures["rates"].axes[1].get_legend().get_texts()]
+    rates_legend = figures["rates"].axes[1].get_legend()
+    assert rates_legend is not None
+    rate_legend = [t.get_text() for t in rates_legend.get_texts()]
     assert "budget tokens/s" in rate_legend and "header tokens" in rate_legend
     assert figures["throttles"].axes[0].get_ylabel() == "429s per minute"
     assert [ax.get_xlabel() for ax in figures["instances"].axes] == [

@@ -99,7 +99,8 @@ def _unknown_429s(
     cfg: ControllerConfig, rates: list[dict[BudgetClass, float]], start: float = 15.0
 ) -> tuple[BudgetState, list[str]]:
     """A 429 of an unknown limit every 120 s, the provider having accepted ``rates``."""
-    s, notes = fresh(), []
+    s = fresh()
+    notes: list[str] = []
     for i, accepted in enumerate(rates):
         obs = WindowObservation(
             now=start + 120.0 * i, throttles=((LimitType.UNKNOWN, None),), delivered=accepted

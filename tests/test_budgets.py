@@ -229,7 +229,9 @@ def test_a_reprobe_past_the_old_level_remembers_the_new_limit_for_the_first_memo
     assert s.level_memory_s[TOK] == CFG.memory_s
 
 
-def _run_dropping_limit(cfg: ControllerConfig, hours: float = 2.5):
+def _run_dropping_limit(
+    cfg: ControllerConfig, hours: float = 2.5
+) -> tuple[BudgetState, list[float], list[float], float]:
     """A provider whose token limit drops to 40% of the seed at t=600: each window with a
     budget above the true limit draws a token 429."""
     s = fresh()
@@ -610,6 +612,6 @@ def test_a_budget_is_not_re_based_up_without_clean_evidence(case: str) -> None:
         if case == "interrupted" and i % period == period - 1:
             s, _ = window(s, now, utilisation={**util, BudgetClass.REQUESTS: 0.1})
         else:
-            s, _ = window(s, now, **kw)  # type: ignore[arg-type]
+            s, _ = window(s, now, **kw)
     assert s.seed.calls_per_s == pytest.approx(75.0 if case == "header-limit" else 50.0)
     assert s.budgets.calls_per_s <= 75.0 + 1e-9

@@ -16,7 +16,9 @@ LIMIT = 100_000.0  # tokens/s: a 6M-token per-minute bucket
 CAP = 60 * LIMIT
 
 
-def span(start: float, end: float, base: float, cached: float, span_s: float = 30.0):
+def span(
+    start: float, end: float, base: float, cached: float, span_s: float = 30.0
+) -> ChargeWindow:
     return ChargeWindow(
         span_s=span_s,
         limit_per_s=LIMIT,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 
@@ -363,12 +364,12 @@ CASES = [
 def test_classify_table(
     status: int,
     headers: dict[str, str],
-    body: object,
+    body: bytes | str | Mapping[str, object] | None,
     expected: LimitType,
     retry_after: float | None,
     too_large: bool,
 ) -> None:
-    c = classify(status, headers, body, now_epoch=EPOCH)  # type: ignore[arg-type]
+    c = classify(status, headers, body, now_epoch=EPOCH)
     assert c.limit_type is expected
     if retry_after is None:
         assert c.retry_after_s is None
@@ -435,7 +436,7 @@ def test_a_token_429_naming_another_limit_states_it_as_the_output_limit() -> Non
         "tokens",
         "rate_limit_exceeded",
     )
-    c = classify(429, OPENAI_HEADERS, body, now_epoch=EPOCH)  # type: ignore[arg-type]
+    c = classify(429, OPENAI_HEADERS, body, now_epoch=EPOCH)
     assert c.limits == {
         LimitType.REQUESTS: 500.0,
         LimitType.TOKENS: 30000.0,
@@ -443,6 +444,6 @@ def test_a_token_429_naming_another_limit_states_it_as_the_output_limit() -> Non
     }
     assert c.remaining == {LimitType.REQUESTS: 0.0, LimitType.TOKENS: 29100.0}
     within = json.loads(json.dumps(body).replace("Limit 8000", "Limit 30300"))
-    same = classify(429, OPENAI_HEADERS, within, now_epoch=EPOCH)  # type: ignore[arg-type]
+    same = classify(429, OPENAI_HEADERS, within, now_epoch=EPOCH)
     assert same.limit_type is LimitType.TOKENS  # within 2% of the header: the same limit
     assert LimitType.OUTPUT_TOKENS not in same.limits

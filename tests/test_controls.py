@@ -11,10 +11,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy import Engine, Table, func, select, text, update
 from sqlalchemy.exc import DatabaseError
 
 import ledger.controls as controls
@@ -235,7 +235,9 @@ def test_bad_overrides_targets_and_actors_are_clear_errors(engine: Engine) -> No
             "ceiling_override: must be between 0",
         ),
         (
-            lambda s: controls.set_ceiling_override(s, "pool", "x", 1, actor="a", reason="r"),
+            lambda s: controls.set_ceiling_override(
+                s, cast(Any, "pool"), "x", 1, actor="a", reason="r"
+            ),
             "scope",
         ),
         (lambda s: controls.set_task_cap(s, run_id, 2, actor="", reason="r"), "actor"),
@@ -388,7 +390,7 @@ def _history(engine: Engine) -> list[tuple[int, str, str]]:
             .where(PacerConfigHistory.alias == "sim-openai")
             .order_by(PacerConfigHistory.version)
         ).all()
-    return [tuple(r) for r in rows]  # type: ignore[misc]
+    return [tuple(r) for r in rows]
 
 
 def test_pacer_edits_are_versioned_with_history_and_audit(engine: Engine) -> None:
@@ -443,7 +445,9 @@ def test_rebase_sets_seed_and_budgets_as_operator_within_header_caps(engine: Eng
         pacer_controls.set_pacer(s, OPENAI, {"calls_per_s": 4.0}, now=NOW, actor="a", reason="cut")
     with engine.begin() as conn:  # the provider's headers state 600 requests/min = 10/s
         conn.execute(
-            AliasObservation.__table__.insert().values(
+            cast(Table, AliasObservation.__table__)
+            .insert()
+            .values(
                 alias="sim-openai",
                 observed_at=NOW,
                 status=200,

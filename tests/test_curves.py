@@ -152,7 +152,9 @@ def test_evaluation_is_vectorised_and_matches_scalar_calls(curve: HarnessCurve) 
         ({"survival": {"age_s": [5.0, 60.0], "value": [1.0, 0.5], "tail_s": 9.0}}, "age 0"),
     ],
 )
-def test_bad_params_raise_config_error_naming_the_field(change: dict, needle: str) -> None:
+def test_bad_params_raise_config_error_naming_the_field(
+    change: dict[str, object], needle: str
+) -> None:
     with pytest.raises(ConfigError) as err:
         small_curve(**change)
     assert needle in str(err.value)

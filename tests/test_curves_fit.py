@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypedDict
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,10 +14,18 @@ from planner.curves import HarnessCurve, default_curve
 from planner.fit import check_curve, fit_curve, interval_mass
 from sim.traces import load_calls, load_instances, split_ids, split_trace, synthesize_calls
 
-RAW = {"mean_preserving": False, "smooth": False, "min_exposure_s": 1.0}
+
+class _RawFit(TypedDict):
+    mean_preserving: bool
+    smooth: bool
+    min_exposure_s: float
 
 
-def calls_frame(rows: list[tuple[str, float, int, int, int]]) -> pd.DataFrame:
+RAW: _RawFit = {"mean_preserving": False, "smooth": False, "min_exposure_s": 1.0}
+
+
+def calls_frame(rows: Sequence[tuple[str, float | str, int, int, int]]) -> pd.DataFrame:
+    """A calls frame from ``rows``; a ``str`` time builds a malformed frame for the checks."""
     return pd.DataFrame(
         rows,
         columns=[
@@ -97,7 +108,8 @@ def test_fit_recovers_a_curve_from_calls_generated_with_it(known: HarnessCurve) 
     grid = np.arange(600.0) + 0.5  # first 10 minutes, per-minute means
 
     def per_minute(curve: HarnessCurve, method: str) -> np.ndarray:
-        return getattr(curve, method)(grid).reshape(10, 60).mean(axis=1)
+        means: np.ndarray = getattr(curve, method)(grid).reshape(10, 60).mean(axis=1)
+        return means
 
     for method in ("input_tokens_per_s", "calls_per_s", "uncached_input_tokens_per_s"):
         error = per_minute(fitted, method) / per_minute(known, method) - 1

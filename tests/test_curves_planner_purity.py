@@ -55,6 +55,7 @@ def violations(source: str) -> list[str]:
             names = [node.module]
         for name in names:
             if any(name == b or name.startswith(b + ".") for b in BANNED_MODULES):
+                assert isinstance(node, (ast.Import, ast.ImportFrom))
                 found.append(f"line {node.lineno}: imports {name}")
         if isinstance(node, ast.Attribute) and node.attr in {"environ", "environb"}:
             found.append(f"line {node.lineno}: reads os.{node.attr}")

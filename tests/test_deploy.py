@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from deployments.apply import (
+    DeployReport,
     EcsVariables,
     apply_project,
     base_job_template,
@@ -30,10 +34,10 @@ ECS_VARS = {
 }
 
 
-def _state(client) -> dict:
-    async def read() -> dict:
+def _state(client: Any) -> Coroutine[Any, Any, dict[str, Any]]:
+    async def read() -> dict[str, Any]:
         pools = {p.name: p for p in await client.read_work_pools()}
-        out: dict = {}
+        out: dict[str, Any] = {}
         for name in ("evalfleet-harness", "evalfleet-ecs", "evalfleet-eval"):
             pool = pools[name]
             queues = await client.read_work_queues(work_pool_name=name)
@@ -64,14 +68,14 @@ def _state(client) -> dict:
 
 
 @pytest.mark.prefect
-def test_deploy_twice_gives_the_same_result(prefect_api_url: str, tmp_path) -> None:
+def test_deploy_twice_gives_the_same_result(prefect_api_url: str, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
 
     spec = load_project()
     settings = load_settings(static_cap=40, eval_concurrency_min=2, project_dir=tmp_path)
     ecs = EcsVariables.model_validate(ECS_VARS)
 
-    async def go():
+    async def go() -> tuple[DeployReport, dict[str, Any], DeployReport, dict[str, Any]]:
         from prefect.exceptions import ObjectNotFound
 
         async with get_client() as client:
@@ -120,7 +124,9 @@ def test_ecs_template_renders_with_the_documented_variables(prefect_api_url: str
     spec = load_project()
     pool = next(p for p in spec.pools if p.type == "ecs")
     template = base_job_template(pool, EcsVariables.model_validate(ECS_VARS))
-    config = asyncio.run(ECSJobConfiguration.from_template_and_values(template, {}))
+    config: ECSJobConfiguration = asyncio.run(
+        ECSJobConfiguration.from_template_and_values(template, {})
+    )
     request = config.task_run_request
     assert request["cluster"] == "evalfleet"
     assert request["launchType"] == "FARGATE"
@@ -148,7 +154,7 @@ def test_ecs_template_renders_with_the_documented_variables(prefect_api_url: str
     ]
 
 
-def test_ecs_variables_are_checked(tmp_path) -> None:
+def test_ecs_variables_are_checked(tmp_path: Path) -> None:
     both = {**ECS_VARS, "task_definition_arn": "arn:aws:ecs:eu-west-1:1:task-definition/ef:3"}
     path = tmp_path / "ecs.json"
     path.write_text(json.dumps(both))

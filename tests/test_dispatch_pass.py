@@ -245,10 +245,12 @@ def test_the_work_pool_launcher_creates_flow_runs_or_requeues_every_claim(
             )
             # one flow run per claimed job, its only parameter the job reference
             with ledger.connect() as conn:
-                leased = dict(
+                leased: dict[str, str | None] = dict(
                     conn.execute(
                         select(Job.instance_id, Job.lease_token).where(Job.lease_token.is_not(None))
-                    ).all()
+                    )
+                    .tuples()
+                    .all()
                 )
             refs = [JobRef.model_validate(r.parameters["job"]) for r in runs]
             assert {ref.instance_id: ref.token for ref in refs} == leased

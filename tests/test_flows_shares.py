@@ -32,7 +32,9 @@ def test_bad_inputs_are_refused() -> None:
     st.integers(0, 500),
     st.lists(st.tuples(st.floats(0.1, 10), st.integers(0, 200)), min_size=1, max_size=8),
 )
-def test_shares_sum_to_what_can_be_used_and_respect_caps(ceiling, spec) -> None:
+def test_shares_sum_to_what_can_be_used_and_respect_caps(
+    ceiling: int, spec: list[tuple[float, int]]
+) -> None:
     runs = [RunDemand(f"r{i}", p, u) for i, (p, u) in enumerate(spec)]
     shares = fair_shares(ceiling, runs)
     assert sum(shares.values()) == min(ceiling, sum(r.usable for r in runs))

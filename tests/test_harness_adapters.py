@@ -7,6 +7,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +25,7 @@ class FakeProvider:
     """Answers chat completions, counting ~4 characters per token, like the simulated provider."""
 
     def __init__(self, fail_with: int | None = None) -> None:
-        self.requests: list[dict] = []
+        self.requests: list[dict[str, Any]] = []
         self.headers: list[httpx.Headers] = []
         self.fail_with = fail_with
 
@@ -112,10 +113,13 @@ def test_simulated_calls_are_fixed_per_instance_and_spread_like_the_traces() -> 
         (400, HarnessFailed, "provider_rejected_request"),
     ],
 )
-def test_call_failures_are_classified_and_never_show_the_key(status, error, label) -> None:
+def test_call_failures_are_classified_and_never_show_the_key(
+    status: int, error: type[HarnessFailed | InfrastructureFailure], label: str
+) -> None:
     harness = make_harness("simulated", {"calls_median": 3, "think_s": 0.0})
     with pytest.raises(error) as info:
         harness.run(ctx(FakeProvider(fail_with=status)))
+    assert isinstance(info.value, (HarnessFailed, InfrastructureFailure))
     assert info.value.error_class == label
     assert KEY not in str(info.value) and KEY not in repr(info.value)
 

@@ -350,6 +350,7 @@ def test_planner_loop_uses_a_version_written_before_its_next_tick(
     upgrade(url)
     monkeypatch.setenv("EVALFLEET_DATABASE_URL", url)
     get_settings.cache_clear()
+    cached: Any
     for cached in (getattr(ledger_io, "engine", None), getattr(ledger_io, "sessions", None)):
         if hasattr(cached, "cache_clear"):
             cached.cache_clear()

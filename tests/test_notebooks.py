@@ -53,10 +53,11 @@ def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_notebook(
     name: str, parameters: dict[str, Any], kernel_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> nbformat.NotebookNode:
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nb: nbformat.NotebookNode = nbformat.read(NOTEBOOKS / name, as_version=4)  # type: ignore[no-untyped-call]
     index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     source = "\n".join(f"{k} = {v!r}" for k, v in parameters.items())
-    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source, metadata={"tags": ["injected"]}))
+    injected = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected"]})  # type: ignore[no-untyped-call]
+    nb.cells.insert(index + 1, injected)
     monkeypatch.setenv("JUPYTER_PATH", str(kernel_dir))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     client = NotebookClient(
@@ -72,7 +73,7 @@ def run_notebook(
 
 @pytest.mark.parametrize("name", ["refit_curves.ipynb", "run_timeline.ipynb"])
 def test_committed_notebooks_are_stripped_and_parameterised(name: str) -> None:
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)  # type: ignore[no-untyped-call]
     nbformat.validate(nb)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from planner.budgets import BudgetClass
+from planner.budgets import BudgetClass, TokenClass
 from planner.classify import Classification, LimitType
 from planner.pacer import (
     DAILY_HOLD_MAX_S,
@@ -129,7 +129,7 @@ def test_usage_above_the_estimate_is_charged() -> None:
 
 def test_cached_input_counts_and_combined_class() -> None:
     est = CallEstimate(input_uncached=100, input_cached=900, max_output=50)
-    cases = {
+    cases: dict[tuple[TokenClass, bool], int] = {
         ("input", False): 100,
         ("input", True): 1000,
         ("combined", False): 150,

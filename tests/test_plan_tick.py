@@ -7,10 +7,11 @@ the ledger fixtures and helpers are shared through ``plan_tick_support``."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import cast
 
 import numpy as np
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, Table, func, select
 from sqlalchemy.orm import Session
 
 from ledger.controls import control_session, set_ceiling_override
@@ -300,7 +301,8 @@ def test_an_alias_shared_by_two_harnesses_is_sized_on_their_mix(plan_ledger: Eng
     run_id = add_run(plan_ledger, running=2, queued=20)
     light = plan.plan_tick(T0, False)[ALIAS]
     with plan_ledger.begin() as conn:
-        conn.execute(Run.__table__.update().where(Run.id == run_id).values(harness="heavy"))
+        runs = cast(Table, Run.__table__)
+        conn.execute(runs.update().where(Run.id == run_id).values(harness="heavy"))
     fleet = plan.read_fleet(T0, False)[0]
     assert dict(fleet.work) == {"heavy": 22, DEFAULT_HARNESS: 22}
     assert isinstance(plan._fleet_curve(fleet), plan.MixedCurve)

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -177,7 +178,7 @@ def test_status_prints_the_ledger_progress(ledger: str) -> None:
     assert main(["status", "no-such-run"]) == 2
 
 
-def _artifacts(key: str) -> list:
+def _artifacts(key: str) -> list[Any]:
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 

@@ -179,7 +179,8 @@ def test_unreachable_s3_is_retryable(s3_factory: Any) -> None:
 def _closed_port() -> int:
     from s3_support import free_port
 
-    return free_port()  # nothing listens on it once the probe socket is closed
+    port: int = free_port()  # nothing listens on it once the probe socket is closed
+    return port
 
 
 @pytest.mark.parametrize(

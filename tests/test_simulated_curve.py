@@ -5,6 +5,7 @@ fit-simulated``, and the curve the planner uses for runs of that harness."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -113,7 +114,7 @@ def test_the_simulated_curve_describes_the_demos_tasks_not_mini_swe_agents() -> 
 
 
 def test_fit_simulated_writes_a_file_and_refuses_bad_options(
-    tmp_path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["curves", "fit-simulated", "--options", "[1]"]) == 2
     err = capsys.readouterr().err
@@ -128,7 +129,7 @@ def test_fit_simulated_writes_a_file_and_refuses_bad_options(
 
 
 def test_the_planner_uses_the_simulated_curve_for_simulated_runs(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from evalfleet.settings import get_settings
     from ledger.curves import write_curve

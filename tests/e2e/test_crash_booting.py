@@ -10,6 +10,7 @@ with the same name, and an instance that started meanwhile are left alone.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from prefect import flow, get_client
 from prefect.states import Cancelled, Crashed, Scheduled
 from sqlalchemy import select
 
+from evalfleet.embedded import EmbeddedStack
 from evalfleet.errors import StaleLease
 from evalfleet.states import InstanceState
 from ledger import queue
@@ -84,7 +86,9 @@ def _rows(engine: Any, run_id: str) -> dict[str, Any]:
         }
 
 
-def test_a_booting_attempt_whose_flow_run_died_is_requeued_at_once(e2e_env, monkeypatch) -> None:
+def test_a_booting_attempt_whose_flow_run_died_is_requeued_at_once(
+    e2e_env: Callable[..., EmbeddedStack], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("EVALFLEET_VISIBILITY_TIMEOUT_S", "600")  # the lease is far from expiry
     from evalfleet.settings import get_settings
 
@@ -112,7 +116,9 @@ def test_a_booting_attempt_whose_flow_run_died_is_requeued_at_once(e2e_env, monk
         assert rows[name].state == "booting" and rows[name].lease_token == leases[name].token
     with engine.connect() as conn:
         visible = dict(
-            conn.execute(select(Job.instance_id, Job.lease_token).where(Job.run_id == run_id)).all()
+            conn.execute(select(Job.instance_id, Job.lease_token).where(Job.run_id == run_id))
+            .tuples()
+            .all()
         )
         audit = conn.execute(
             select(AuditLog.actor, AuditLog.action, AuditLog.target, AuditLog.new).where(
@@ -138,7 +144,9 @@ def test_a_booting_attempt_whose_flow_run_died_is_requeued_at_once(e2e_env, monk
     assert supervise.reap() == (0, 0)
 
 
-def test_past_max_attempts_a_dead_boot_ends_lost(e2e_env, monkeypatch) -> None:
+def test_past_max_attempts_a_dead_boot_ends_lost(
+    e2e_env: Callable[..., EmbeddedStack], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("EVALFLEET_VISIBILITY_TIMEOUT_S", "600")
     from evalfleet.settings import get_settings
 
@@ -154,7 +162,9 @@ def test_past_max_attempts_a_dead_boot_ends_lost(e2e_env, monkeypatch) -> None:
         assert conn.execute(select(Job.id).where(Job.run_id == run_id)).first() is None
 
 
-def test_a_return_limited_to_booting_leaves_a_started_instance_alone(e2e_env) -> None:
+def test_a_return_limited_to_booting_leaves_a_started_instance_alone(
+    e2e_env: Callable[..., EmbeddedStack],
+) -> None:
     """The flow run may start between the reaper's read and its return: the return is refused
     and changes nothing (job and row keep the lease, no audit row)."""
     engine = ledger_io.engine()

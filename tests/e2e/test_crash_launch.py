@@ -3,9 +3,13 @@ nothing, leaves no live key, and never tries the illegal ``aborted → failed`` 
 
 from __future__ import annotations
 
-import pytest
-from sqlalchemy import func, select
+from collections.abc import Callable
+from typing import Any
 
+import pytest
+from sqlalchemy import Row, func, select
+
+from evalfleet.embedded import EmbeddedStack
 from flows.launch import launch_run
 from ledger.models import ApiKey, InstanceResult, Job, Run
 from tasks import controls, keys, launch, ledger_io
@@ -13,7 +17,7 @@ from tasks import controls, keys, launch, ledger_io
 pytestmark = [pytest.mark.postgres, pytest.mark.prefect, pytest.mark.slow]
 
 
-def config(n: int) -> dict:
+def config(n: int) -> dict[str, Any]:
     return {
         "name": "aborted-while-launching",
         "harness": {"name": "simulated", "options": {"calls_median": 1, "think_s": 0.0}},
@@ -27,7 +31,7 @@ def _abort(run_id: str) -> None:
     controls.abort("run", run_id, live="finish", actor="test", reason="abort while launching")
 
 
-def _run(key: str):
+def _run(key: str) -> tuple[Row[tuple[str, str, str | None]], list[str], int, set[str]]:
     with ledger_io.engine().connect() as conn:
         run = conn.execute(
             select(Run.id, Run.state, Run.failure_reason).where(Run.idempotency_key == key)
@@ -46,11 +50,13 @@ def _run(key: str):
     return run, key_states, jobs, instances
 
 
-def test_abort_during_key_minting_leaves_the_run_aborted(e2e_env, monkeypatch) -> None:
+def test_abort_during_key_minting_leaves_the_run_aborted(
+    e2e_env: Callable[..., EmbeddedStack], monkeypatch: pytest.MonkeyPatch
+) -> None:
     e2e_env()
     mint = keys.mint_keys
 
-    def mint_then_abort(run_id, alias, spend_cap):
+    def mint_then_abort(run_id: str, alias: str, spend_cap: int) -> None:
         minted = mint(run_id, alias, spend_cap)
         _abort(run_id)  # the operator's abort lands between minting and enqueuing
         return minted
@@ -67,11 +73,11 @@ def test_abort_during_key_minting_leaves_the_run_aborted(e2e_env, monkeypatch) -
 
 
 def test_a_launch_failing_after_an_abort_keeps_the_abort_and_raises_its_error(
-    e2e_env, monkeypatch
+    e2e_env: Callable[..., EmbeddedStack], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     e2e_env()
 
-    def abort_then_fail(run_id, instance_ids):
+    def abort_then_fail(run_id: str, instance_ids: tuple[str, ...]) -> bool:
         _abort(run_id)
         raise RuntimeError("queue unavailable")
 
@@ -85,7 +91,9 @@ def test_a_launch_failing_after_an_abort_keeps_the_abort_and_raises_its_error(
     assert jobs == 0
 
 
-def test_fail_run_fails_a_launching_run_and_leaves_an_ended_one(e2e_env) -> None:
+def test_fail_run_fails_a_launching_run_and_leaves_an_ended_one(
+    e2e_env: Callable[..., EmbeddedStack],
+) -> None:
     e2e_env()
     cfg, _, _ = launch.read_config(config(1), None)
     run_id, created = launch.write_run(cfg, None, "fail-direct")

@@ -5,12 +5,14 @@ whose flow run is still running keeps its lease, and one that was requeued meanw
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import pytest
 from prefect import flow, get_client
 from prefect.states import Crashed, Running
 from sqlalchemy import select
 
+from evalfleet.embedded import EmbeddedStack
 from ledger import queue
 from ledger.models import InstanceResult, Job
 from ledger.runs import NewRun, create_run
@@ -32,7 +34,9 @@ def _flow_run(state_name: str) -> str:
     return str(run.id)
 
 
-def test_a_crashed_flow_run_is_requeued_without_waiting_for_the_lease(e2e_env, monkeypatch) -> None:
+def test_a_crashed_flow_run_is_requeued_without_waiting_for_the_lease(
+    e2e_env: Callable[..., EmbeddedStack], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("EVALFLEET_VISIBILITY_TIMEOUT_S", "600")  # the lease is far from expiry
     from evalfleet.settings import get_settings
 
@@ -76,7 +80,9 @@ def test_a_crashed_flow_run_is_requeued_without_waiting_for_the_lease(e2e_env, m
             )
         }
         visible = dict(
-            conn.execute(select(Job.instance_id, Job.lease_token).where(Job.run_id == run_id)).all()
+            conn.execute(select(Job.instance_id, Job.lease_token).where(Job.run_id == run_id))
+            .tuples()
+            .all()
         )
     assert rows["dead"].state == "queued" and rows["dead"].lease_token is None
     assert flow_runs["dead"] in rows["dead"].error_detail

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlalchemy import func, insert, select
 
+from evalfleet.embedded import EmbeddedStack
 from evalfleet.states import INSTANCE_CALLING
 from flows.dispatch import dispatcher_loop
 from flows.launch import launch_run
@@ -36,7 +39,7 @@ CEILING = 8
 ALIAS = "sim-openai"
 
 
-def config(name: str, n: int, priority: float) -> dict:
+def config(name: str, n: int, priority: float) -> dict[str, Any]:
     return {
         "name": name,
         "harness": {
@@ -68,20 +71,24 @@ class Sampler(threading.Thread):
                         select(InstanceResult.run_id, func.count())
                         .where(InstanceResult.state.in_(_CALLING))
                         .group_by(InstanceResult.run_id)
-                    ).all()
+                    )
+                    .tuples()
+                    .all()
                 )
                 queued = dict(
                     conn.execute(
                         select(Job.run_id, func.count())
                         .where(Job.lease_token.is_(None))
                         .group_by(Job.run_id)
-                    ).all()
+                    )
+                    .tuples()
+                    .all()
                 )
             self.samples.append((time.monotonic(), live, queued))
 
 
 def test_priorities_1_and_3_share_the_ceiling_1_to_3_then_the_survivor_takes_it_all(
-    e2e_env, e2e_ledger_url, monkeypatch
+    e2e_env: Callable[..., EmbeddedStack], e2e_ledger_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("EVALFLEET_IN_PROCESS_THREADS", "16")  # more threads than the ceiling
     # the one decision written below stays in force for the whole test (no planner runs)
@@ -152,5 +159,5 @@ def test_priorities_1_and_3_share_the_ceiling_1_to_3_then_the_survivor_takes_it_
         ).all()
         assert len(states) == 36
         assert {s for _, s in states} <= {"resolved", "unresolved"}
-        runs = dict(conn.execute(select(Run.id, Run.state)).all())
+        runs = dict(conn.execute(select(Run.id, Run.state)).tuples().all())
     assert runs[low] == runs[high] == "closed"

@@ -39,13 +39,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner
 from prefect import get_client
+from prefect.client.schemas.objects import FlowRun
 from sqlalchemy import func, select
 
+from evalfleet.embedded import EmbeddedStack
 from evalfleet.settings import child_environment, get_settings
 from harnesses.simulated import instance_rng
 from ledger.models import (
@@ -252,7 +254,10 @@ def _gaps(times: list[Any]) -> list[float]:
 
 @pytest.mark.timeout(720)  # ~2 min on a quiet box; minutes more when the CPUs are shared
 def test_a_20_instance_run_on_a_process_worker_survives_a_kill_9(
-    e2e_env, worker, redis_url, monkeypatch
+    e2e_env: Callable[..., EmbeddedStack],
+    worker: Callable[[str], subprocess.Popen[bytes]],
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for key, value in {
         "EVALFLEET_LAUNCHER": "work-pool",
@@ -290,10 +295,13 @@ def test_a_20_instance_run_on_a_process_worker_survives_a_kill_9(
 
     from prefect.deployments import run_deployment
 
-    launch = run_deployment(
-        "launch-run/launch",
-        parameters={"config": run_config(), "idempotency_key": "process-worker-e2e"},
-        timeout=90,
+    launch = cast(  # called from sync code: the flow run itself, not a coroutine
+        FlowRun,
+        run_deployment(
+            "launch-run/launch",
+            parameters={"config": run_config(), "idempotency_key": "process-worker-e2e"},
+            timeout=90,
+        ),
     )
     assert launch.state is not None and launch.state.is_completed(), launch.state
     with ledger_io.engine().connect() as conn:
@@ -433,7 +441,9 @@ def test_a_20_instance_run_on_a_process_worker_survives_a_kill_9(
             ),
             limit=5,
         )
-    assert float(artifact.data) == 100.0 and f"{N}/{N} done" in (artifact.description or "")
+    assert float(cast(float, artifact.data)) == 100.0 and f"{N}/{N} done" in (
+        artifact.description or ""
+    )
 
     print("planner gaps", _gaps(decisions), "snapshot gaps", _gaps(snapshots))
     # cadence at the default ticks: decisions every 15 s, snapshots every 30 s (± 3 s)

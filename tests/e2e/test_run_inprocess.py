@@ -3,9 +3,13 @@ through the real gateway and simulated provider → supervisor closes the run an
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from sqlalchemy import func, select
 
+from evalfleet.embedded import EmbeddedStack
 from evalfleet.errors import ConfigError, KeyManagementError
 from flows.dispatch import dispatcher_loop
 from flows.launch import launch_run
@@ -17,7 +21,7 @@ from tasks.keys import load_gateway_key
 pytestmark = [pytest.mark.postgres, pytest.mark.prefect, pytest.mark.slow]
 
 
-def config(n: int, **over) -> dict:
+def config(n: int, **over: object) -> dict[str, Any]:
     return {
         "name": "e2e",
         "harness": {
@@ -37,7 +41,9 @@ def config(n: int, **over) -> dict:
     }
 
 
-def test_a_run_lands_every_instance_once_and_closes_with_keys_revoked(e2e_env) -> None:
+def test_a_run_lands_every_instance_once_and_closes_with_keys_revoked(
+    e2e_env: Callable[..., EmbeddedStack],
+) -> None:
     e2e_env()
     run_id = launch_run(config=config(6), idempotency_key="e2e-1")
     assert launch_run(config=config(6), idempotency_key="e2e-1") == run_id  # idempotent
@@ -62,7 +68,9 @@ def test_a_run_lands_every_instance_once_and_closes_with_keys_revoked(e2e_env) -
                 select(LlmCall.instance_id, func.sum(LlmCall.cost_micro_usd))
                 .where(LlmCall.run_id == run_id)
                 .group_by(LlmCall.instance_id)
-            ).all()
+            )
+            .tuples()
+            .all()
         )
         assert len(costs) == 6 and all(c > 0 for c in costs.values())
         assert conn.execute(select(func.count()).select_from(Job)).scalar_one() == 0
@@ -79,11 +87,13 @@ def test_a_run_lands_every_instance_once_and_closes_with_keys_revoked(e2e_env) -
         load_gateway_key(run_id)
 
 
-def test_a_launch_that_fails_half_way_leaves_no_live_key(e2e_env, monkeypatch) -> None:
+def test_a_launch_that_fails_half_way_leaves_no_live_key(
+    e2e_env: Callable[..., EmbeddedStack], monkeypatch: pytest.MonkeyPatch
+) -> None:
     e2e_env()
     from tasks import launch
 
-    def broken(run_id, instance_ids):
+    def broken(run_id: str, instance_ids: tuple[str, ...]) -> bool:
         raise RuntimeError("queue unavailable")
 
     monkeypatch.setattr(launch, "enqueue_run", broken)
@@ -99,7 +109,7 @@ def test_a_launch_that_fails_half_way_leaves_no_live_key(e2e_env, monkeypatch) -
     assert sorted(keys) == ["revoked", "revoked"]
 
 
-def test_a_bad_config_writes_nothing(e2e_env) -> None:
+def test_a_bad_config_writes_nothing(e2e_env: Callable[..., EmbeddedStack]) -> None:
     with pytest.raises(ConfigError, match="think_s"):
         launch_run(config=config(2, harness={"name": "simulated", "options": {"think_s": -1}}))
     with ledger_io.engine().connect() as conn:

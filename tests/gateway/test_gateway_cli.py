@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import Engine
 
 from gateway.keys import PrefectSecretKeyStore, ProviderAdminKeyMinter, mint_run_keys
 from gateway.serving import free_port
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.prefect
 EVALFLEET = str(Path(sys.executable).parent / "evalfleet")
 
 
-def _start(args, env):
+def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [EVALFLEET, *args],
         env=env,
@@ -34,7 +35,7 @@ def _start(args, env):
     )
 
 
-def _healthy(url, proc, bound_s=30):
+def _healthy(url: str, proc: subprocess.Popen[bytes], bound_s: float = 30) -> None:
     deadline = time.monotonic() + bound_s
     while True:
         try:
@@ -43,12 +44,13 @@ def _healthy(url, proc, bound_s=30):
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
+            assert proc.stdout is not None  # _start pipes it
             out = proc.stdout.read().decode() if proc.poll() is not None else ""
             pytest.fail(f"{url} did not start: {out[-2000:]}")
         time.sleep(0.2)
 
 
-def _stop(proc):
+def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=10)
@@ -57,7 +59,9 @@ def _stop(proc):
         proc.wait(timeout=5)
 
 
-def test_serve_commands_and_keys_revoke(prefect_api, gw_ledger_url, gw_engine):
+def test_serve_commands_and_keys_revoke(
+    prefect_api: str, gw_ledger_url: str, gw_engine: Engine
+) -> None:
     sim_port, gw_port = free_port(), free_port()
     env = {
         **os.environ,

@@ -4,6 +4,7 @@ the pacer is told."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -13,9 +14,12 @@ from gateway.pacer_local import InProcessPacer
 from gateway.pacing import CallEstimate, Permit
 from ledger.models import AliasObservation
 from ledger.pauses import set_pause
+from tests.gateway.gw_helpers import Stack
 
 
-def _post(stack, secret, body, path="/v1/chat/completions"):
+def _post(
+    stack: Stack, secret: str, body: object, path: str = "/v1/chat/completions"
+) -> httpx.Response:
     return httpx.post(
         stack.url + path, headers={"authorization": f"Bearer {secret}"}, json=body, timeout=5
     )
@@ -24,7 +28,7 @@ def _post(stack, secret, body, path="/v1/chat/completions"):
 BODY = {"model": "sim-openai", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
 
-def test_paused_gateway_pool_answers_503_with_retry_after(make_stack):
+def test_paused_gateway_pool_answers_503_with_retry_after(make_stack: Callable[..., Stack]) -> None:
     stack = make_stack()
     secret = stack.new_run().gateway_key.get_secret_value()
     assert _post(stack, secret, BODY).status_code == 200
@@ -44,7 +48,7 @@ def test_paused_gateway_pool_answers_503_with_retry_after(make_stack):
         time.sleep(0.05)
 
 
-def test_observed_rate_limit_headers_are_kept_per_alias(make_stack):
+def test_observed_rate_limit_headers_are_kept_per_alias(make_stack: Callable[..., Stack]) -> None:
     stack = make_stack()
     secret = stack.new_run().gateway_key.get_secret_value()
     assert _post(stack, secret, BODY).status_code == 200
@@ -63,7 +67,7 @@ def test_observed_rate_limit_headers_are_kept_per_alias(make_stack):
     assert obs.limits["limits"]["tokens"] == 1_800_000.0
 
 
-def test_bad_requests_are_clear_and_not_forwarded(make_stack):
+def test_bad_requests_are_clear_and_not_forwarded(make_stack: Callable[..., Stack]) -> None:
     stack = make_stack()
     secret = stack.new_run().gateway_key.get_secret_value()
     before = dict(stack.sim.stats)
@@ -90,12 +94,15 @@ def test_bad_requests_are_clear_and_not_forwarded(make_stack):
     assert stack.sim.stats == before
 
 
-def test_the_pacer_holds_no_more_than_the_providers_remaining(make_stack):
+def test_the_pacer_holds_no_more_than_the_providers_remaining(
+    make_stack: Callable[..., Stack],
+) -> None:
     """The provider's headers say how much of its minute is left; the pacer's buckets (deep
     here: 10,000 calls) come down to it, so a burst the provider cannot take is not sent."""
     stack = make_stack()
     secret = stack.new_run().gateway_key.get_secret_value()
     pacer = stack.gateway.pacer
+    assert isinstance(pacer, InProcessPacer)  # make_stack's default
     assert pacer.levels("sim-openai")["calls"] > 9_000
     r = _post(stack, secret, BODY)
     assert r.status_code == 200
@@ -105,7 +112,9 @@ def test_the_pacer_holds_no_more_than_the_providers_remaining(make_stack):
     assert pacer.levels("sim-openai")["calls"] <= left + pacer.budgets("sim-openai").calls_per_s
 
 
-def test_a_429_that_says_nothing_of_the_buckets_holds_the_alias(make_stack):
+def test_a_429_that_says_nothing_of_the_buckets_holds_the_alias(
+    make_stack: Callable[..., Stack],
+) -> None:
     """A provider rejecting a call without rate-limit headers has an empty bucket: the pacer
     sends nothing on the alias for its hold_after_429_s of refill (retries would be rejected
     too), and a 429 with headers syncs to what they say instead."""
@@ -113,6 +122,7 @@ def test_a_429_that_says_nothing_of_the_buckets_holds_the_alias(make_stack):
 
     stack = make_stack()
     pacer = stack.gateway.pacer
+    assert isinstance(pacer, InProcessPacer)  # make_stack's default
     alias = next(a for a in stack.gateway.aliases if a.name == "sim-openai")
     hold = alias.pacer.hold_after_429_s
     assert hold > 0
@@ -124,13 +134,16 @@ def test_a_429_that_says_nothing_of_the_buckets_holds_the_alias(make_stack):
     assert pacer.levels("sim-openai")["calls"] < 0
 
 
-def test_a_429_holds_only_the_buckets_it_leaves_empty_unsaid(make_stack):
+def test_a_429_holds_only_the_buckets_it_leaves_empty_unsaid(
+    make_stack: Callable[..., Stack],
+) -> None:
     """A 429 whose headers state the remaining of the class it names is mirrored, not held; one
     that states nothing holds every bucket (planner.pacer.classes_to_hold)."""
     from planner.classify import Classification, LimitType
 
     stack = make_stack()
     pacer = stack.gateway.pacer
+    assert isinstance(pacer, InProcessPacer)  # make_stack's default
     stated = Classification(
         status=429,
         limit_type=LimitType.TOKENS,
@@ -151,7 +164,7 @@ def test_a_429_holds_only_the_buckets_it_leaves_empty_unsaid(make_stack):
     assert levels["tokens"] <= -budgets.tokens_per_s * 119.0
 
 
-def test_the_pacer_is_told_each_calls_task_age(make_stack):
+def test_the_pacer_is_told_each_calls_task_age(make_stack: Callable[..., Stack]) -> None:
     """The pacer ranks its queue by task age under an output limit: the gateway passes the age
     the harness states (``x-evalfleet-task-started-at``), else the time since it first saw the
     instance."""

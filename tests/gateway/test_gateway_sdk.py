@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import anthropic
 import openai
 import pytest
-from sqlalchemy import select
+from anthropic.types import TextBlock
+from openai.types.chat import ChatCompletionMessageParam
+from sqlalchemy import Row, select
 
 from ledger.models import ApiKey, LlmCall
-from tests.gateway.gw_helpers import sim_profile
+from tests.gateway.gw_helpers import Stack, sim_profile
 
 
-def _calls(stack, run_id, expected):
+def _calls(
+    stack: Stack, run_id: str, expected: int
+) -> tuple[Sequence[Row[tuple[LlmCall]]], Row[tuple[ApiKey]]]:
     """The run's llm_calls rows and gateway key, once ``expected`` rows are written and no
     reservation is left (rows are written in batches off the hot path: poll, bounded)."""
     deadline = time.monotonic() + 3
@@ -31,7 +37,7 @@ def _calls(stack, run_id, expected):
         time.sleep(0.05)
 
 
-def test_openai_sdk_non_streaming_and_streaming(make_stack):
+def test_openai_sdk_non_streaming_and_streaming(make_stack: Callable[..., Stack]) -> None:
     stack = make_stack()
     keys = stack.new_run()
     client = openai.OpenAI(
@@ -40,9 +46,10 @@ def test_openai_sdk_non_streaming_and_streaming(make_stack):
         max_retries=0,
         default_headers={"x-evalfleet-instance": "django__django-1"},
     )
-    messages = [{"role": "user", "content": "fix the bug " * 50}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "fix the bug " * 50}]
     reply = client.chat.completions.create(model="sim-openai", messages=messages, max_tokens=64)
     assert reply.choices[0].message.content
+    assert reply.usage is not None
     assert 1 <= reply.usage.completion_tokens <= 64
     first_prompt = reply.usage.prompt_tokens
     messages += [
@@ -65,7 +72,7 @@ def test_openai_sdk_non_streaming_and_streaming(make_stack):
     assert key.spent_micro_usd == sum(r.cost_micro_usd for r in rows)
 
 
-def test_anthropic_sdk_non_streaming_and_streaming(make_stack):
+def test_anthropic_sdk_non_streaming_and_streaming(make_stack: Callable[..., Stack]) -> None:
     stack = make_stack()
     keys = stack.new_run(alias="sim-anthropic")
     client = anthropic.Anthropic(
@@ -77,6 +84,7 @@ def test_anthropic_sdk_non_streaming_and_streaming(make_stack):
         system="you are an agent",
         messages=[{"role": "user", "content": "hello " * 40}],
     )
+    assert isinstance(msg.content[0], TextBlock)
     assert msg.content[0].text
     assert msg.usage.output_tokens <= 50
     with client.messages.stream(
@@ -87,7 +95,9 @@ def test_anthropic_sdk_non_streaming_and_streaming(make_stack):
     ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
+    assert isinstance(final.content[0], TextBlock)
     assert text == final.content[0].text
+    assert final.usage.cache_read_input_tokens is not None
     assert final.usage.cache_read_input_tokens > 0
     rows, key = _calls(stack, keys.run_id, 2)
     assert [r.status for r in rows] == [200, 200]
@@ -98,7 +108,9 @@ def test_anthropic_sdk_non_streaming_and_streaming(make_stack):
 
 
 @pytest.mark.parametrize("flavour", ["openai", "anthropic"])
-def test_sdk_retries_a_429_using_our_headers(make_stack, flavour):
+def test_sdk_retries_a_429_using_our_headers(
+    make_stack: Callable[..., Stack], flavour: str
+) -> None:
     # 60 requests per minute: after the bucket's minute of burst, a call gets a 429 with
     # retry-after 1 s. With the gateway's retry wait at 0 the 429 reaches the SDK, which waits
     # what our headers say (not its 0.5 s default backoff) and retries successfully.
@@ -110,16 +122,17 @@ def test_sdk_retries_a_429_using_our_headers(make_stack, flavour):
     keys = stack.new_run(alias=f"sim-{flavour}")
     secret = keys.gateway_key.get_secret_value()
     instance = {"x-evalfleet-instance": "astropy-1"}
+    create: Callable[..., Any]
     if flavour == "openai":
-        client = openai.OpenAI(
+        openai_client = openai.OpenAI(
             api_key=secret, base_url=stack.url + "/v1", max_retries=3, default_headers=instance
         )
-        create = client.chat.completions.with_raw_response.create
+        create = openai_client.chat.completions.with_raw_response.create
     else:
-        client = anthropic.Anthropic(
+        anthropic_client = anthropic.Anthropic(
             api_key=secret, base_url=stack.url, max_retries=3, default_headers=instance
         )
-        create = client.messages.with_raw_response.create
+        create = anthropic_client.messages.with_raw_response.create
     calls = 0
     while True:
         started = time.monotonic()
@@ -142,7 +155,7 @@ def test_sdk_retries_a_429_using_our_headers(make_stack, flavour):
     assert [r.retry for r in rows] == [False] + [prev.status == 429 for prev in rows[:-1]]
 
 
-def test_gateway_retries_429_within_its_bounded_wait(make_stack):
+def test_gateway_retries_429_within_its_bounded_wait(make_stack: Callable[..., Stack]) -> None:
     # tpm 9500 (~158 tokens/s): two calls of ~4,850 tokens; the second one is refused (tokens)
     # for ~1-2 s and retried by the gateway: the SDK (no retries of its own) never sees a 429.
     profile = sim_profile(openai={**sim_profile().openai.model_dump(), "tpm": 9500.0})

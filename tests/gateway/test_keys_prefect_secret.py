@@ -16,7 +16,7 @@ from gateway.keys import PrefectSecretKeyMinter, PrefectSecretKeyStore, secret_b
 pytestmark = pytest.mark.prefect
 
 
-def test_static_key_minter_and_store_round_trip(prefect_api):
+def test_static_key_minter_and_store_round_trip(prefect_api: str) -> None:
     block = f"evalfleet-test-static-{uuid.uuid4().hex[:8]}"
     Secret(value="sk-static-" + uuid.uuid4().hex).save(block, overwrite=True)
     minted = PrefectSecretKeyMinter(block).mint(
@@ -34,7 +34,9 @@ def test_static_key_minter_and_store_round_trip(prefect_api):
     run_id = str(uuid.uuid4())
     store = PrefectSecretKeyStore()
     store.put(run_id, SecretStr("sk-run-key"))
-    assert asyncio.run(store.aget(run_id)).get_secret_value() == "sk-run-key"
+    stored = asyncio.run(store.aget(run_id))
+    assert stored is not None
+    assert stored.get_secret_value() == "sk-run-key"
     assert secret_block_name(run_id).startswith("evalfleet-run-")
     store.delete(run_id)
     store.delete(run_id)  # idempotent

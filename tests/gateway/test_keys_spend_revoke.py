@@ -5,27 +5,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any, cast
 
 import httpx
 import openai
 import pytest
-from sqlalchemy import select, text
+from openai.types.chat import ChatCompletionMessageParam
+from sqlalchemy import Row, Table, select, text
 
 from gateway.keys import hash_secret, revoke_run_keys
 from ledger.db import session_factory
 from ledger.models import ApiKey, Base, LlmCall
-from tests.gateway.gw_helpers import ADMIN_KEY, sim_profile
+from tests.gateway.gw_helpers import ADMIN_KEY, Stack, sim_profile
 
 
-def _gateway_key_row(stack, run_id):
+def _gateway_key_row(stack: Stack, run_id: str) -> Row[tuple[ApiKey]]:
     with stack.engine.connect() as conn:
         return conn.execute(
             select(ApiKey).where(ApiKey.run_id == run_id, ApiKey.kind == "gateway")
         ).one()
 
 
-def _wait_settled(stack, run_id, bound_s=3.0):
+def _wait_settled(stack: Stack, run_id: str, bound_s: float = 3.0) -> Row[tuple[ApiKey]]:
     deadline = time.monotonic() + bound_s
     while True:
         row = _gateway_key_row(stack, run_id)
@@ -34,7 +37,9 @@ def _wait_settled(stack, run_id, bound_s=3.0):
         time.sleep(0.05)
 
 
-def test_spend_cap_admits_exactly_what_fits_under_concurrency(make_stack):
+def test_spend_cap_admits_exactly_what_fits_under_concurrency(
+    make_stack: Callable[..., Stack],
+) -> None:
     # Every call costs the same, and its worst case equals its real cost: all input uncached
     # (distinct prompts), output == max_tokens. The cap admits exactly 10 of 50 concurrent calls.
     stack = make_stack(profile=sim_profile(output_fraction_min=1.0, output_fraction_max=1.0))
@@ -53,7 +58,7 @@ def test_spend_cap_admits_exactly_what_fits_under_concurrency(make_stack):
     keys = stack.new_run(spend_cap_micro_usd=10 * cost)
     headers = {"authorization": f"Bearer {keys.gateway_key.get_secret_value()}"}
 
-    async def fire():
+    async def fire() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=stack.url, timeout=30) as client:
             return await asyncio.gather(
                 *(
@@ -86,10 +91,14 @@ def test_spend_cap_admits_exactly_what_fits_under_concurrency(make_stack):
     assert provider_key.spent_micro_usd == 10 * cost
 
 
-def test_revoke_refuses_both_keys_at_gateway_and_provider(make_stack):
+def test_revoke_refuses_both_keys_at_gateway_and_provider(
+    make_stack: Callable[..., Stack],
+) -> None:
     stack = make_stack()
     keys = stack.new_run()
-    provider_secret = asyncio.run(stack.store.aget(keys.run_id)).get_secret_value()
+    stored = asyncio.run(stack.store.aget(keys.run_id))
+    assert stored is not None
+    provider_secret = stored.get_secret_value()
     gw_headers = {"authorization": f"Bearer {keys.gateway_key.get_secret_value()}"}
     body = {"model": "sim-openai", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
     assert (
@@ -143,12 +152,15 @@ def test_revoke_refuses_both_keys_at_gateway_and_provider(make_stack):
     )
 
 
-def test_unknown_and_expired_gateway_keys_are_refused_and_not_forwarded(make_stack):
+def test_unknown_and_expired_gateway_keys_are_refused_and_not_forwarded(
+    make_stack: Callable[..., Stack],
+) -> None:
     stack = make_stack()
     keys = stack.new_run()
     with session_factory(stack.engine).begin() as s:
         s.execute(
-            ApiKey.__table__.update()
+            cast(Table, ApiKey.__table__)
+            .update()
             .where(ApiKey.id == keys.gateway_key_id)
             .values(expires_at=datetime(2000, 1, 1, tzinfo=UTC))
         )
@@ -168,22 +180,29 @@ def test_unknown_and_expired_gateway_keys_are_refused_and_not_forwarded(make_sta
     assert stack.sim.stats["ok"] + stack.sim.stats["refused"] == before
 
 
-def test_canary_no_raw_secret_in_logs_ledger_or_errors(make_stack, caplog, capfd):
+def test_canary_no_raw_secret_in_logs_ledger_or_errors(
+    make_stack: Callable[..., Stack],
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     caplog.set_level(logging.DEBUG)
     profile = sim_profile(openai={**sim_profile().openai.model_dump(), "rpm": 2.0})
     stack = make_stack(profile=profile, max_retry_wait_s=0.0)
     keys = stack.new_run(spend_cap_micro_usd=2_000)
-    provider_secret = asyncio.run(stack.store.aget(keys.run_id)).get_secret_value()
+    stored = asyncio.run(stack.store.aget(keys.run_id))
+    assert stored is not None
+    provider_secret = stored.get_secret_value()
     gateway_secret = keys.gateway_key.get_secret_value()
     client = openai.OpenAI(api_key=gateway_secret, base_url=stack.url + "/v1", max_retries=0)
     errors: list[str] = [repr(keys), str(keys)]
-    msgs = [{"role": "user", "content": "hi"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
     for _ in range(2):  # successes (2 requests per minute)
         client.chat.completions.create(model="sim-openai", messages=msgs, max_tokens=5)
-    for kwargs in (
+    refused: tuple[dict[str, Any], ...] = (
         {"max_tokens": 5},  # rpm exhausted → 429 from the provider
         {"max_tokens": 100_000},  # worst case over the spend cap → 402
-    ):
+    )
+    for kwargs in refused:
         with pytest.raises(openai.APIStatusError) as info:
             client.chat.completions.create(model="sim-openai", messages=msgs, **kwargs)
         errors += [str(info.value), repr(info.value), info.value.response.text]
@@ -200,7 +219,7 @@ def test_canary_no_raw_secret_in_logs_ledger_or_errors(make_stack, caplog, capfd
         client.chat.completions.create(model="sim-openai", messages=msgs, max_tokens=5)
     errors += [str(info.value), info.value.response.text]
     asyncio.run(asyncio.sleep(0.5))  # let the batch writer flush
-    dump = []
+    dump: list[str] = []
     with stack.engine.connect() as conn:
         for table in Base.metadata.sorted_tables:
             dump += [

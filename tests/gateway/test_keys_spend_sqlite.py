@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 
 from evalfleet.errors import KeyRejected, SpendCapExceeded
 from gateway.keys import hash_secret
-from gateway.spend import Settler, SpendStore
+from gateway.spend import Reservation, Settler, SpendStore
 from ledger.db import make_engine, session_factory
 from ledger.migrate import upgrade
 from ledger.models import ApiKey, Run
 
 
 @pytest.fixture
-def sqlite_engine(tmp_path):
+def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
     url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
     upgrade(url)
     engine = make_engine(url)
@@ -52,8 +54,8 @@ def sqlite_engine(tmp_path):
     engine.dispose()
 
 
-def test_sqlite_cap_admits_exactly_what_fits_and_settles(sqlite_engine):
-    async def run():
+def test_sqlite_cap_admits_exactly_what_fits_and_settles(sqlite_engine: Engine) -> None:
+    async def run() -> tuple[list[Reservation], list[SpendCapExceeded]]:
         store = SpendStore(sqlite_engine)
         settler = Settler(store)
         results = await asyncio.gather(

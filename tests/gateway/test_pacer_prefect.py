@@ -6,7 +6,9 @@ import asyncio
 import random
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -20,7 +22,7 @@ from planner.pacer import AGEING_TOKENS_PER_S
 pytestmark = pytest.mark.prefect
 
 
-def _aliases(**per_alias: dict) -> Aliases:
+def _aliases(**per_alias: dict[str, Any]) -> Aliases:
     template = load_aliases(None, provider_sim_url="http://127.0.0.1:9").get("sim-anthropic")
     out = []
     for name, pacer in per_alias.items():
@@ -31,7 +33,9 @@ def _aliases(**per_alias: dict) -> Aliases:
     return Aliases(out)
 
 
-def _max_in_windows(events, width, key):
+def _max_in_windows(
+    events: Sequence[tuple[float, int]], width: float, key: Callable[[int], float]
+) -> float:
     """Largest sum of ``key`` over admissions in any window [t, t + width)."""
     times = [t for t, _ in events]
     best = 0.0
@@ -46,8 +50,15 @@ def _max_in_windows(events, width, key):
     return best
 
 
-async def _flood(pacer, alias, sizes, until, events, workers):
-    async def worker():
+async def _flood(
+    pacer: PrefectPacer,
+    alias: str,
+    sizes: list[int],
+    until: float,
+    events: list[tuple[float, int]],
+    workers: int,
+) -> None:
+    async def worker() -> None:
         while time.monotonic() < until:
             est = CallEstimate(input_uncached=random.choice(sizes), max_output=0)
             permit = await pacer.acquire(alias, est)
@@ -57,7 +68,7 @@ async def _flood(pacer, alias, sizes, until, events, workers):
     await asyncio.gather(*(worker() for _ in range(workers)))
 
 
-def test_pacing_holds_calls_and_tokens_budgets(prefect_api):
+def test_pacing_holds_calls_and_tokens_budgets(prefect_api: str) -> None:
     # Two aliases paced at the same time: one bound by calls/s (small calls), one by tokens/s.
     r, t, b, duration = 20.0, 4000.0, 1.0, 12.0
     tag = uuid.uuid4().hex[:6]
@@ -78,9 +89,9 @@ def test_pacing_holds_calls_and_tokens_budgets(prefect_api):
             },
         }
     )
-    events = {calls_alias: [], tokens_alias: []}
+    events: dict[str, list[tuple[float, int]]] = {calls_alias: [], tokens_alias: []}
 
-    async def run():
+    async def run() -> tuple[float, int]:
         pacer = PrefectPacer(aliases, sync_interval_s=1.0)
         await pacer.start()
         try:
@@ -103,7 +114,7 @@ def test_pacing_holds_calls_and_tokens_budgets(prefect_api):
             assert _max_in_windows(ev, width, lambda n: n) <= t * (width + b) + 500  # + one call
 
     # Steady state (after the initial burst): within ±10% of the binding budget.
-    def rate(alias, key):
+    def rate(alias: str, key: Callable[[int], float]) -> float:
         steady = [(ts, n) for ts, n in events[alias] if start + 2.0 <= ts < start + duration]
         return sum(key(n) for _, n in steady) / (duration - 2.0)
 
@@ -111,7 +122,7 @@ def test_pacing_holds_calls_and_tokens_budgets(prefect_api):
     assert rate(tokens_alias, lambda n: n) == pytest.approx(t, rel=0.10)
 
 
-def test_prefect_limits_are_the_source_of_truth(prefect_api):
+def test_prefect_limits_are_the_source_of_truth(prefect_api: str) -> None:
     alias = f"truth-{uuid.uuid4().hex[:6]}"
     aliases = _aliases(
         **{
@@ -125,7 +136,7 @@ def test_prefect_limits_are_the_source_of_truth(prefect_api):
     )
     names = limit_names(alias)
 
-    async def run():
+    async def run() -> None:
         pacer = PrefectPacer(aliases, sync_interval_s=0.3)
         await pacer.start()
         try:
@@ -184,7 +195,7 @@ def test_prefect_limits_are_the_source_of_truth(prefect_api):
     asyncio.run(run())
 
 
-def test_large_call_is_not_starved_by_small_ones(prefect_api):
+def test_large_call_is_not_starved_by_small_ones(prefect_api: str) -> None:
     # Bucket capacity 1000 tokens (500/s x 2 s); the big call asks 1500: more than the bucket.
     alias = f"big-{uuid.uuid4().hex[:6]}"
     aliases = _aliases(
@@ -199,21 +210,21 @@ def test_large_call_is_not_starved_by_small_ones(prefect_api):
     )
     order: list[tuple[str, float, float]] = []  # (kind, requested_at, admitted_at)
 
-    async def small(pacer, until):
+    async def small(pacer: PrefectPacer, until: float) -> None:
         while time.monotonic() < until:
             asked = time.monotonic()
             p = await pacer.acquire(alias, CallEstimate(input_uncached=50))
             order.append(("small", asked, time.monotonic()))
             await pacer.settle(p, CallUsage(input_uncached=50))
 
-    async def big(pacer):
+    async def big(pacer: PrefectPacer) -> None:
         await asyncio.sleep(1.0)
         asked = time.monotonic()
         p = await pacer.acquire(alias, CallEstimate(input_uncached=1500))
         order.append(("big", asked, time.monotonic()))
         await pacer.settle(p, CallUsage(input_uncached=1500))
 
-    async def run():
+    async def run() -> None:
         pacer = PrefectPacer(aliases, sync_interval_s=1.0)
         await pacer.start()
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -13,14 +14,16 @@ from planner.classify import LimitType, classify
 from tests.gateway.gw_helpers import ADMIN_KEY, sim_profile
 
 
-def _flavour(profile_overrides, flavour, **limits):
+def _flavour(profile_overrides: dict[str, Any], flavour: str, **limits: float) -> Any:
     base = sim_profile().model_dump()
     base[flavour] = {**base[flavour], **limits}
     base.update(profile_overrides)
     return sim_profile(**base)
 
 
-def _call(url, flavour, key, content="hello", max_tokens=10):
+def _call(
+    url: str, flavour: str, key: str, content: str = "hello", max_tokens: int = 10
+) -> httpx.Response:
     if flavour == "openai":
         return httpx.post(
             url + "/v1/chat/completions",
@@ -44,7 +47,9 @@ def _call(url, flavour, key, content="hello", max_tokens=10):
     )
 
 
-def _first_refusal(profile, flavour, calls, cap=10**12):
+def _first_refusal(
+    profile: Any, flavour: str, calls: list[tuple[str, int]], cap: int = 10**12
+) -> httpx.Response:
     sim = ProviderSim(profile, ADMIN_KEY)
     key = sim.mint("t", cap, None)
     with ServerThread(sim.app) as url:
@@ -70,7 +75,9 @@ def _first_refusal(profile, flavour, calls, cap=10**12):
         ("anthropic", {"rpm": 1.0}, [("a", 5)] * 2, LimitType.REQUESTS),
     ],
 )
-def test_rate_limit_429s_classify_per_limit_type(flavour, limits, calls, expected):
+def test_rate_limit_429s_classify_per_limit_type(
+    flavour: str, limits: dict[str, float], calls: list[tuple[str, int]], expected: LimitType
+) -> None:
     profile = _flavour({"output_fraction_min": 1.0, "output_fraction_max": 1.0}, flavour, **limits)
     r = _first_refusal(profile, flavour, calls)
     assert r.status_code == 429
@@ -90,21 +97,21 @@ def test_rate_limit_429s_classify_per_limit_type(flavour, limits, calls, expecte
 
 
 @pytest.mark.parametrize("flavour", ["openai", "anthropic"])
-def test_spend_cap_of_a_provider_key_classifies_as_spend(flavour):
+def test_spend_cap_of_a_provider_key_classifies_as_spend(flavour: str) -> None:
     r = _first_refusal(sim_profile(), flavour, [("a", 5)] * 2, cap=1)
     verdict = classify(r.status_code, r.headers, r.content, now_epoch=time.time())
     assert verdict.limit_type is LimitType.SPEND
 
 
 @pytest.mark.parametrize(("flavour", "status"), [("openai", 503), ("anthropic", 529)])
-def test_overload_classifies_as_overload(flavour, status):
+def test_overload_classifies_as_overload(flavour: str, status: int) -> None:
     r = _first_refusal(sim_profile(overload_rate=1.0), flavour, [("a", 5)])
     assert r.status_code == status
     verdict = classify(r.status_code, r.headers, r.content, now_epoch=time.time())
     assert verdict.limit_type is LimitType.OVERLOAD
 
 
-def test_success_headers_state_limits_and_remaining():
+def test_success_headers_state_limits_and_remaining() -> None:
     sim = ProviderSim(sim_profile(), ADMIN_KEY)
     key = sim.mint("t", 10**9, None)
     with ServerThread(sim.app) as url:
@@ -117,7 +124,7 @@ def test_success_headers_state_limits_and_remaining():
     assert verdict.limits[LimitType.INPUT_TOKENS] == 1_200_000
 
 
-def test_unknown_and_revoked_keys_are_refused_401():
+def test_unknown_and_revoked_keys_are_refused_401() -> None:
     sim = ProviderSim(sim_profile(), ADMIN_KEY)
     with ServerThread(sim.app) as url:
         admin = {"authorization": f"Bearer {ADMIN_KEY.get_secret_value()}"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,8 +11,8 @@ from evalfleet.cli import main
 
 
 def test_db_upgrade_current_downgrade_on_sqlite(
-    tmp_path, capsys: pytest.CaptureFixture[str]
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url = f"sqlite:///{tmp_path / 'new-folder' / 'ledger.sqlite3'}"
     assert main(["db", "current", "--url", url]) == 0
     assert capsys.readouterr().out.strip() == "base"
@@ -27,8 +28,8 @@ def test_db_upgrade_current_downgrade_on_sqlite(
 
 
 def test_db_errors_are_clear_and_hide_passwords(
-    tmp_path, capsys: pytest.CaptureFixture[str]
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url = f"sqlite:///{tmp_path / 'l.sqlite3'}"
     assert main(["db", "upgrade", "--url", url]) == 0
     capsys.readouterr()

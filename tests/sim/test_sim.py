@@ -15,7 +15,7 @@ import yaml
 from evalfleet.errors import ConfigError
 from planner.budgets import BudgetClass, ControllerConfig
 from sim.bench import default_policies, run_policy, run_scenario, saturating_workers
-from sim.engine import Simulation
+from sim.engine import FleetView, Simulation
 from sim.limits import ProviderLimits
 from sim.metrics import limit_spec, lower_bound, summarise
 from sim.planner_policy import PlannerPolicy
@@ -383,7 +383,7 @@ def test_booting_blind_planner_overshoots() -> None:
     _, seeing = simulate_planner(scenario)
 
     class Blind(PlannerPolicy):
-        def tick(self, fleet: Any) -> int:
+        def tick(self, fleet: FleetView) -> int:
             blind = type(fleet)(now=fleet.now, ages=fleet.ages, booting=0, queued=fleet.queued)
             # it sizes as if nothing were booting, then launches on top of what boots
             return super().tick(blind) + fleet.booting
