@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Literal
 
 from evalfleet.errors import ConfigError
+from planner.bounds import within as _bounded
 from planner.classify import LimitType
 
 __all__ = [
@@ -78,11 +79,6 @@ class Budgets:
     def classes(self) -> tuple[BudgetClass, ...]:
         """The classes this alias budgets (output tokens only when configured)."""
         return tuple(c for c in BudgetClass if self.get(c) is not None)
-
-
-def _bounded(name: str, value: float, lo: float, hi: float, problems: list[str]) -> None:
-    if not (lo <= value <= hi):
-        problems.append(f"{name}: must be within [{lo}, {hi}], got {value!r}")
 
 
 @dataclass(frozen=True)

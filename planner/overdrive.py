@@ -8,23 +8,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from evalfleet.errors import ConfigError
+from planner.bounds import within
+
 __all__ = ["OverdriveConfig", "hold_overdrive"]
 
 
 @dataclass(frozen=True, slots=True)
 class OverdriveConfig:
-    """The saturation controller's constants (see ``hold_overdrive``)."""
+    """The saturation controller's constants (see ``hold_overdrive``); each default is
+    bounded (``ConfigError`` names every field out of bounds)."""
 
-    target_utilisation: float = 0.97
-    gain: float = 0.6
-    min_factor: float = 1.0
-    max_factor: float = 1.5
+    target_utilisation: float = 0.97  # the saturating budget's use aimed at [0.5, 1]
+    gain: float = 0.6  # how fast the multiplier follows the gap to the target (0, 5]
+    min_factor: float = 1.0  # the multiplier's floor [0.5, 1]
+    max_factor: float = 1.5  # and its ceiling [1, 4]
 
     def __post_init__(self) -> None:
-        if not 0.5 <= self.target_utilisation <= 1.0:
-            raise ValueError("target_utilisation must be within [0.5, 1]")
-        if not (0.0 < self.gain <= 5.0 and 0.5 <= self.min_factor <= 1.0 <= self.max_factor):
-            raise ValueError("gain must be in (0, 5], min_factor <= 1 <= max_factor")
+        p: list[str] = []
+        within("target_utilisation", self.target_utilisation, 0.5, 1.0, p)
+        if not 0.0 < self.gain <= 5.0:
+            p.append(f"gain: must be within (0, 5], got {self.gain!r}")
+        within("min_factor", self.min_factor, 0.5, 1.0, p)
+        within("max_factor", self.max_factor, 1.0, 4.0, p)
+        if p:
+            raise ConfigError("overdrive config", p)
 
 
 def hold_overdrive(factor: float, utilisation: float, config: OverdriveConfig) -> float:

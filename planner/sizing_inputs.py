@@ -15,6 +15,9 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from evalfleet.errors import ConfigError
+from planner.bounds import within
+
 __all__ = [
     "BudgetLike",
     "Caps",
@@ -84,45 +87,50 @@ class Caps:
 
 @dataclass(frozen=True, slots=True)
 class SizingConfig:
-    """The planner's tuning constants."""
+    """The planner's sizing constants; each default is bounded (``ConfigError`` names every
+    field out of bounds)."""
 
-    horizon_s: float = 300.0
-    step_s: float = 15.0
-    boot_s: float = 60.0
-    overdrive: float = 1.10
-    max_wait_s: float = 6.0
+    horizon_s: float = 300.0  # how far ahead demand is projected [15, 3600]
+    step_s: float = 15.0  # the projection grid [1, horizon_s]
+    boot_s: float = 60.0  # a slot's time per task not running the harness [0, 86400]
+    overdrive: float = 1.10  # demand sized over the saturating budget: the pacer holds it [1, 4]
+    max_wait_s: float = 6.0  # the longest projected pacer wait per call [0, 600]
+    # the same while the queue's last tasks run (the endgame) [max_wait_s, 3600]
     endgame_max_wait_s: float = 6.0
     # Under a token budget the pacer admits the smallest prompts first (planner.pacer), so a
     # larger fleet there buys young tasks' cheap steps, not waits for all: the queue of
-    # instances drains sooner and the tail with it (docs/bench-planner.md).
+    # instances drains sooner and the tail with it (docs/bench-planner.md). [1, 4] and
+    # [max_wait_s, 600]
     token_overdrive: float = 2.0
     token_max_wait_s: float = 30.0
-    age_bin_s: float = 5.0
-    stale_floor: int = 1
-    integration_age_s: float = 7200.0
+    age_bin_s: float = 5.0  # live tasks' ages are binned to this [0.1, 600]
+    stale_floor: int = 1  # the ceiling a stale config never goes under [1, 100000]
+    integration_age_s: float = 7200.0  # how far a curve is integrated [600, 604800]
     # the launch ramp (``FleetState.ramping``): the ceiling is at most max(ramp_floor,
     # ramp_growth x live) per tick; 100 tasks at 1.2x reach 500 in 9 ticks (about 2 minutes)
+    # [1, 100000] and (1, 4]
     ramp_floor: int = 100
     ramp_growth: float = 1.2
 
     def __post_init__(self) -> None:
-        if not (self.horizon_s > 0 and self.step_s > 0 and self.horizon_s >= self.step_s):
-            raise ValueError("horizon_s and step_s must be positive, horizon_s >= step_s")
-        if self.boot_s < 0 or self.max_wait_s < 0 or self.age_bin_s <= 0:
-            raise ValueError("boot_s and max_wait_s must be >= 0, age_bin_s > 0")
-        if self.endgame_max_wait_s < self.max_wait_s:
-            raise ValueError("endgame_max_wait_s must be >= max_wait_s")
-        if self.overdrive < 1.0 or self.token_overdrive < 1.0:
-            raise ValueError(
-                "overdrive and token_overdrive must be >= 1 (the pacer must have demand to "
-                "hold back)"
-            )
-        if self.token_max_wait_s < self.max_wait_s:
-            raise ValueError("token_max_wait_s must be >= max_wait_s")
-        if self.stale_floor < 1:
-            raise ValueError("stale_floor must be >= 1")
-        if self.ramp_floor < 1 or not 1.0 < self.ramp_growth <= 4.0:
-            raise ValueError("ramp_floor must be >= 1 and ramp_growth within (1, 4]")
+        p: list[str] = []
+        within("horizon_s", self.horizon_s, 15.0, 3600.0, p)
+        within("step_s", self.step_s, 1.0, self.horizon_s, p)
+        within("boot_s", self.boot_s, 0.0, 86_400.0, p)
+        # below 1 the pacer would have no demand to hold back
+        within("overdrive", self.overdrive, 1.0, 4.0, p)
+        within("max_wait_s", self.max_wait_s, 0.0, 600.0, p)
+        within("endgame_max_wait_s", self.endgame_max_wait_s, self.max_wait_s, 3600.0, p)
+        within("token_overdrive", self.token_overdrive, 1.0, 4.0, p)
+        within("token_max_wait_s", self.token_max_wait_s, self.max_wait_s, 600.0, p)
+        within("age_bin_s", self.age_bin_s, 0.1, 600.0, p)
+        within("stale_floor", self.stale_floor, 1, 100_000, p)
+        within("integration_age_s", self.integration_age_s, 600.0, 604_800.0, p)
+        within("ramp_floor", self.ramp_floor, 1, 100_000, p)
+        if not 1.0 < self.ramp_growth <= 4.0:
+            p.append(f"ramp_growth: must be within (1, 4], got {self.ramp_growth!r}")
+        if p:
+            raise ConfigError("sizing config", p)
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,7 +145,7 @@ def test_a_cap_below_the_ramp_binds_and_a_target_below_it_is_kept() -> None:
 
 def test_bad_ramp_constants_are_refused() -> None:
     for bad in ({"ramp_floor": 0}, {"ramp_growth": 1.0}, {"ramp_growth": 5.0}):
-        with pytest.raises(ValueError, match="ramp_"):
+        with pytest.raises(ConfigError, match="ramp_"):
             SizingConfig(**bad)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from evalfleet.errors import ConfigError
 from planner.curves import HarnessCurve, default_curve
 from planner.decision import Binding, Decision, Quantity
 from planner.sizing import (
@@ -225,9 +226,15 @@ def test_decision_record_is_frozen_and_checked() -> None:
     assert row["binding"] == "paced" and set(row["projections"]) == {q.value for q in Quantity}
 
 
-def test_bad_config_is_refused() -> None:
-    with pytest.raises(ValueError, match="overdrive"):
-        SizingConfig(overdrive=0.9)
+def test_bad_config_is_refused_naming_every_field() -> None:
+    with pytest.raises(ConfigError, match="overdrive") as bad:
+        SizingConfig(overdrive=0.9, age_bin_s=0.0, token_max_wait_s=1.0)
+    assert [p.split(":")[0] for p in bad.value.problems] == [
+        "overdrive",
+        "token_max_wait_s",
+        "age_bin_s",
+    ]
+    assert "got 0.9" in bad.value.problems[0]
 
 
 def test_decision_for_10000_live_tasks_is_fast() -> None:
@@ -320,7 +327,7 @@ def test_overdrive_controller_closes_the_utilisation_gap_and_stays_bounded() -> 
     for _ in range(500):
         factor = hold_overdrive(factor, 1.2, cfg)
     assert factor == cfg.min_factor
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="max_factor: must be within"):
         OverdriveConfig(max_factor=0.9)
 
 
