@@ -100,7 +100,7 @@ class ControllerConfig:
     # A steady limit is re-probed ever more rarely, a raised one (no header says so) is found
     # within memory_s. "About the same" is wide: growing 5% per window, a re-probe of an
     # unchanged limit climbs on while the provider's full per-minute bucket drains, up to
-    # about 1.7x at full demand (the excess over the limit, summed over the windows, reaches
+    # about 1.75x at full demand (the excess over the limit, summed over the windows, reaches
     # the bucket's 60 s at the 11th-12th window: 1.05^11.5). Unchanged limits drew their
     # re-probe 429s at 1.27x-1.75x (random-401, random-413, random-515), which 1.2 took for
     # raised limits, each the start of a staircase of 429s
