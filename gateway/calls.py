@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from starlette.requests import Request
@@ -32,8 +32,23 @@ from planner.classify import LimitType
 __all__ = ["Call", "CallBook"]
 
 
+#: instances each of the book's memories keeps (the oldest touched are forgotten first)
+MAX_REMEMBERED_INSTANCES = 200_000
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
 def _digest(raw_body: bytes) -> bytes:
     return hashlib.blake2b(raw_body, digest_size=16).digest()
+
+
+def _remember(memory: OrderedDict[K, V], key: K, value: V) -> None:
+    """Set ``key`` as the most recently touched, forgetting the oldest past the bound."""
+    memory[key] = value
+    memory.move_to_end(key)
+    while len(memory) > MAX_REMEMBERED_INSTANCES:
+        memory.popitem(last=False)
 
 
 @dataclass
@@ -75,10 +90,7 @@ class CallBook:
         cached = 0
         if call.instance is not None:
             cached = min(call.input_estimate, self._last_input.get(key, 0))
-            self._last_input[key] = call.input_estimate
-            self._last_input.move_to_end(key)
-            while len(self._last_input) > 200_000:
-                self._last_input.popitem(last=False)
+            _remember(self._last_input, key, call.input_estimate)
         return CallEstimate(
             input_uncached=call.input_estimate - cached,
             input_cached=cached,
@@ -105,10 +117,7 @@ class CallBook:
         if not rejected:
             self._rejected.pop(key, None)
             return
-        self._rejected[key] = _digest(call.raw_body)
-        self._rejected.move_to_end(key)
-        while len(self._rejected) > 200_000:
-            self._rejected.popitem(last=False)
+        _remember(self._rejected, key, _digest(call.raw_body))
 
     def task_age(self, request: Request, run_id: str, instance: str | None) -> float | None:
         """Seconds since the task started: its ``x-evalfleet-task-started-at`` (epoch seconds),
@@ -125,10 +134,8 @@ class CallBook:
         if instance is None:
             return None
         key = (run_id, instance)
-        first = self._first_seen.setdefault(key, now)
-        self._first_seen.move_to_end(key)
-        while len(self._first_seen) > 200_000:
-            self._first_seen.popitem(last=False)
+        first = self._first_seen.get(key, now)
+        _remember(self._first_seen, key, first)
         return now - first
 
     def record(self, call: Call, status: int, latency_s: float, limit: str | None) -> int:
