@@ -6,6 +6,8 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
 * ``sent_between``: the tokens of the calls the provider accepted, requested in a span, split
   into what counts either way (uncached input, plus output for a combined limit) and cache
   reads.
+* ``longest_recent_wait``: the longest time from a call's request to its answer (pacer wait plus
+  latency) over a recent look-back: how long a span waits before its calls are all recorded.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from planner.budget_state import BudgetClass, TokenClass
 from planner.budgets import header_classes
 from planner.cache_counting import BucketReading
 
-__all__ = ["counted_bucket", "sent_between"]
+__all__ = ["counted_bucket", "longest_recent_wait", "sent_between"]
 
 
 def counted_bucket(conn: Connection, alias: str, token_class: TokenClass) -> BucketReading | None:
@@ -64,3 +66,19 @@ def sent_between(
         )
     ).one()
     return float(row[0]), float(row[1])
+
+
+def longest_recent_wait(
+    conn: Connection, alias: str, since: datetime, until: datetime
+) -> float | None:
+    """The longest pacer wait plus latency of ``alias``'s calls requested in [since, until]
+    (None: none recorded). A call is recorded at its answer, so a span of requests is complete
+    only this long after its end."""
+    value = conn.execute(
+        select(func.max(LlmCall.pacer_wait_s + LlmCall.latency_s)).where(
+            LlmCall.alias == alias,
+            LlmCall.requested_at >= since,
+            LlmCall.requested_at <= until,
+        )
+    ).scalar_one()
+    return None if value is None else float(value)

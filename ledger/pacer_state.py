@@ -100,6 +100,7 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "cooldown_until": _time(state.cooldown_until),
         "backoff_until": _time(state.backoff_until),
         "hard_caps": _classes(state.hard_caps),
+        "cap_stated_at": _classes(state.cap_stated_at),
         "last_429_level": _classes(state.last_429_level),
         "last_429_at": _classes(state.last_429_at),
         "level_memory_s": _classes(state.level_memory_s),
@@ -209,6 +210,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         k: _class_map(data, k, problems)
         for k in (
             "hard_caps",
+            "cap_stated_at",  # absent in states saved before caps lapsed: {} (never lapse)
             "last_429_level",
             "last_429_at",
             "last_cut_at",
@@ -254,6 +256,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         cooldown_until=cooldown_until,
         backoff_until=backoff_until,
         hard_caps={k: float(v) for k, v in maps["hard_caps"].items()},
+        cap_stated_at={k: float(v) for k, v in maps["cap_stated_at"].items()},
         last_429_level={k: float(v) for k, v in maps["last_429_level"].items()},
         last_429_at={k: float(v) for k, v in maps["last_429_at"].items()},
         last_cut_at={k: float(v) for k, v in maps["last_cut_at"].items()},

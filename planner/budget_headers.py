@@ -15,7 +15,7 @@ from dataclasses import replace
 from planner.budget_state import BudgetClass, BudgetState, ControllerConfig, TokenClass
 from planner.classify import LimitType
 
-__all__ = ["apply_headers", "header_budgets", "header_classes"]
+__all__ = ["apply_headers", "header_budgets", "header_classes", "lapse_unstated_caps"]
 
 
 def header_budgets(
@@ -102,10 +102,42 @@ def apply_headers(
             seeded_at=now,
             seed_source="headers",
             hard_caps=hard,
+            cap_stated_at={**state.cap_stated_at, **dict.fromkeys(caps, now)},
             # a stated limit is the seed now: what rule 7 proved of the old one is moot
             proven_rate={k: v for k, v in state.proven_rate.items() if k not in caps},
             observed=dict(caps),
             observed_at=now,
+        ),
+        notes,
+    )
+
+
+def lapse_unstated_caps(
+    state: BudgetState, now: float, config: ControllerConfig
+) -> tuple[BudgetState, list[str]]:
+    """Hard caps not stated again within ``stated_cap_memory_s`` stop capping growth.
+
+    Success headers restate their limits with every response, so only a limit a 429's message
+    stated (OpenAI's output-token limit) lapses while the alias is busy: growth may then probe
+    above it again (rule 6, up to ``max_over_seed`` x the seed it set), and finds a raised
+    limit, or draws a 429 that states the limit again and cuts back to it (rule 4)."""
+    stale = [
+        cls
+        for cls, at in state.cap_stated_at.items()
+        if cls in state.hard_caps and now - at > config.stated_cap_memory_s
+    ]
+    if not stale:
+        return state, []
+    notes = [
+        f"{cls}: its limit {state.hard_caps[cls]:.6g}/s was not stated again for "
+        f"{config.stated_cap_memory_s:g} s: no longer a hard cap"
+        for cls in stale
+    ]
+    return (
+        replace(
+            state,
+            hard_caps={k: v for k, v in state.hard_caps.items() if k not in stale},
+            cap_stated_at={k: v for k, v in state.cap_stated_at.items() if k not in stale},
         ),
         notes,
     )

@@ -106,6 +106,12 @@ class ControllerConfig:
     # raised limits, each the start of a staircase of 429s
     memory_s: float = 1200.0
     memory_max_s: float = 4800.0
+    # how long a stated limit stays a hard cap without being stated again [60, 86400]. Success
+    # headers restate theirs on every response; a limit stated only by a 429's message (OpenAI
+    # names an output-token limit there, never in its headers) would otherwise cap the budget
+    # for the rest of the run, after the provider raised it too (wide-64 of sim.generate_wide:
+    # an output limit doubled an hour in, the budget held at the old one for seven hours)
+    stated_cap_memory_s: float = 1200.0
     reprobe_same: float = 1.8
     # how long a level blamed on an unknown 429 by the share rule alone caps growth, until a
     # re-probe confirms it (at most memory_s) [0, 86400]
@@ -155,6 +161,7 @@ class ControllerConfig:
         _bounded("memory_s", self.memory_s, 0.0, 86400.0, p)
         _bounded("memory_max_s", self.memory_max_s, self.memory_s, 86400.0, p)
         _bounded("reprobe_same", self.reprobe_same, 1.0, 4.0, p)
+        _bounded("stated_cap_memory_s", self.stated_cap_memory_s, 60.0, 86400.0, p)
         _bounded("unchecked_memory_s", self.unchecked_memory_s, 0.0, 86400.0, p)
         _bounded("probe_margin", self.probe_margin, 0.0, 0.5, p)
         _bounded("rebase_cuts", self.rebase_cuts, 1, 20, p)
@@ -193,6 +200,9 @@ class BudgetState:
     cooldown_until: float = NEG_INF
     backoff_until: float = NEG_INF
     hard_caps: Mapping[BudgetClass, float] = field(default_factory=dict)  # per second
+    # when each hard cap was last stated (``ControllerConfig.stated_cap_memory_s``); a cap
+    # without one (a state saved before it was kept) does not lapse
+    cap_stated_at: Mapping[BudgetClass, float] = field(default_factory=dict)
     last_429_level: Mapping[BudgetClass, float] = field(default_factory=dict)
     last_429_at: Mapping[BudgetClass, float] = field(default_factory=dict)
     # how long each class's last 429 level caps growth, where it is not config.memory_s

@@ -15,7 +15,9 @@ Rules, in the order ``step`` applies them:
    has none (it is a limit class the provider has); headers win over config (the seed becomes the header limit,
    ``seed_source="headers"``, ``seeded_at=now``). A limit stated for the first time (or changed)
    takes the budget up to it at once, not +5% per window from a low or stale seed — except
-   above ``(1 - probe_margin)`` x a level that drew a 429 within ``memory_s``.
+   above ``(1 - probe_margin)`` x a level that drew a 429 within ``memory_s``. A limit not
+   stated again within ``stated_cap_memory_s`` is no longer a hard cap (one a 429's message
+   stated, never restated by success headers, would cap the budget for good, past a raise).
 2. Stale seed (``now - seeded_at > stale_after_s``): re-seed from the latest header limits seen
    within ``stale_after_s`` when there are any; otherwise keep the values and report ``stale``.
    A stale seed nothing re-seeded is a guess either way: growth may take a budget to
@@ -105,7 +107,12 @@ from planner.blame import (
     steadiest,
     steady_overrides_share,
 )
-from planner.budget_headers import apply_headers, header_budgets, header_classes
+from planner.budget_headers import (
+    apply_headers,
+    header_budgets,
+    header_classes,
+    lapse_unstated_caps,
+)
 from planner.budget_state import (
     NEG_INF,
     BudgetClass,
@@ -229,10 +236,12 @@ def step(
     frozen_in_window = state.cooldown_until > window_start or state.backoff_until > window_start
     state = replace(state, stale_after_s=config.stale_after_s)
 
-    # 1. headers: hard caps, and they win over config.
+    # 1. headers: hard caps, and they win over config; a cap not stated again lapses.
     if obs.observed_limits:
         state, header_notes = apply_headers(state, obs.observed_limits, now, config)
         notes.extend(header_notes)
+    state, lapse_notes = lapse_unstated_caps(state, now, config)
+    notes.extend(lapse_notes)
 
     # 2. stale seed.
     reseeded = False

@@ -22,7 +22,15 @@ belief explains the provider:
   charged (the bound) by a clear share of the cache reads.
 
 Evidence needs volume (a share of the bucket) and cache reads that matter (a share of the base);
-otherwise the belief stands. Pure: windows in, a belief out.
+otherwise the belief stands.
+
+What was sent in a span is known only once its calls have been answered (the gateway records a
+call at its response). A span closed while calls sent in it were still in flight under-states
+what was sent, and the provider seems to have charged more than the base: "cache reads count",
+wrongly, and the pacer then charges cache reads against a limit that ignores them (a run at
+half speed with no 429 to correct it: wide-62 of ``sim.generate_wide``, whose calls took up to a
+minute against a 15 s lag). So a span closes ``span_close_lag_s`` after its end: the fixed lag
+plus the longest latency seen recently. Pure: windows in, a belief out.
 """
 
 from __future__ import annotations
@@ -33,7 +41,26 @@ from dataclasses import dataclass
 
 from evalfleet.errors import ConfigError
 
-__all__ = ["BucketReading", "ChargeWindow", "CountingConfig", "infer_cached_input_counts"]
+__all__ = [
+    "BucketReading",
+    "ChargeWindow",
+    "CountingConfig",
+    "infer_cached_input_counts",
+    "span_close_lag_s",
+]
+
+LATENCY_LOOKBACK_S = 600.0  # the latencies that set a span's closing lag: answered this recently
+MAX_CLOSE_LAG_S = 900.0  # a span waits at most this long for its calls' answers
+
+
+def span_close_lag_s(base_lag_s: float, longest_recent_latency_s: float | None) -> float:
+    """How long after its end a span of sent calls may close: ``base_lag_s`` (the recorder's
+    flush, the tick) plus the longest latency (send to answer) of the calls answered over the
+    last ``LATENCY_LOOKBACK_S``, at most ``MAX_CLOSE_LAG_S``. A call sent just before the end
+    of a span is then answered, and counted, before the span is compared with the provider's
+    bucket (module docstring)."""
+    longest = max(0.0, longest_recent_latency_s or 0.0)
+    return min(base_lag_s + longest, MAX_CLOSE_LAG_S)
 
 
 @dataclass(frozen=True, slots=True)

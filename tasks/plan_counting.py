@@ -3,7 +3,10 @@
 Per alias and tick, the provider's latest statement of its counted-token bucket
 (``ledger.charges.counted_bucket``: limit and remaining, when the gateway saw it) becomes an
 anchor when it is newer than the last one. Two anchors at least ``SPAN_S`` apart, the later one
-``LAG_S`` old (the calls requested before it have been answered and recorded), close a span:
+old enough that the calls requested before it have been answered and recorded (``LAG_S`` plus
+the longest pacer wait and latency of the alias's recent calls:
+``planner.cache_counting.span_close_lag_s``; a span closed sooner under-states what was sent and
+reads as "cache reads count"), close a span:
 ``ledger.charges.sent_between`` sums what was sent in it. The last ``KEEP`` spans are the
 evidence; when they contradict the alias's belief, ``advance`` says so and the tick flips the
 state's ``cached_input_counts`` (``planner.budgets.recounted``): the tick's accounting, the
@@ -16,18 +19,24 @@ The evidence is kept with the stored state (``pacer_states.state["counting"]``) 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection
 
 from evalfleet.errors import ConfigError
-from ledger.charges import counted_bucket, sent_between
+from ledger.charges import counted_bucket, longest_recent_wait, sent_between
 from planner.budget_state import TokenClass
-from planner.cache_counting import BucketReading, ChargeWindow, infer_cached_input_counts
+from planner.cache_counting import (
+    LATENCY_LOOKBACK_S,
+    BucketReading,
+    ChargeWindow,
+    infer_cached_input_counts,
+    span_close_lag_s,
+)
 
 SPAN_S = 30.0  # a span covers at least this long
-LAG_S = 30.0  # and closes this long after its end (a call's tokens are recorded at its response)
+LAG_S = 30.0  # and closes this long after its end, plus the longest recent wait and latency
 KEEP = 8  # spans kept as evidence
 _ANCHORS = 16  # anchors kept while a span is open
 
@@ -104,7 +113,8 @@ def advance(
     reading = counted_bucket(conn, alias, token_class)
     if reading is not None and (not anchors or reading.at > anchors[-1].at):
         anchors.append(reading)
-    horizon = now.timestamp() - LAG_S
+    longest = longest_recent_wait(conn, alias, now - timedelta(seconds=LATENCY_LOOKBACK_S), now)
+    horizon = now.timestamp() - span_close_lag_s(LAG_S, longest)
     while len(anchors) >= 2:
         start = anchors[0]
         end = next((a for a in anchors[1:] if a.at - start.at >= SPAN_S), None)

@@ -19,7 +19,7 @@ from planner.budgets import (
     step,
 )
 from planner.classify import LimitType
-from tests.budget_support import CFG, SEED, TOK, clean_until, fresh, window
+from tests.budget_support import CFG, OUT, REQ, SEED, TOK, clean_until, fresh, window
 
 
 def test_initial_state_from_config() -> None:
@@ -125,6 +125,55 @@ def test_a_stated_output_limit_gets_a_budget_the_config_did_not_have() -> None:
     assert a.cut == (BudgetClass.OUTPUT_TOKENS,)
     assert s.budgets.tokens_per_s == pytest.approx(25_000.0 * 1.05)  # grown, not cut
     assert s.budgets.calls_per_s == pytest.approx(50.0 * 1.05)
+
+
+def test_a_limit_only_a_429_stated_lapses_and_a_raise_is_found() -> None:
+    """OpenAI names an output-token limit in a 429's message, never in its success headers.
+    Stated once, it caps the output budget; not stated again for ``stated_cap_memory_s`` it no
+    longer does, so growth probes above it and finds a limit the provider raised since (a cap
+    kept for good held wide-64's output budget at the old limit for seven hours). The limits
+    the success headers restate every window stay hard caps."""
+    seed = Budgets(calls_per_s=50, tokens_per_s=25_000, output_tokens_per_s=None,
+                   inflight_tokens=2e6)  # fmt: skip
+    headers = {LimitType.REQUESTS: 3_000.0, LimitType.TOKENS: 1_500_000.0}
+    s = initial_state(seed, 0.0, cached_input_counts=False, token_class="combined")
+    s, a = window(
+        s, 15.0, LimitType.OUTPUT_TOKENS,
+        observed_limits={**headers, LimitType.OUTPUT_TOKENS: 60_000.0},
+    )  # fmt: skip
+    assert s.hard_caps[OUT] == pytest.approx(1_000.0)
+    t, notes = 15.0, []
+    while OUT in s.hard_caps and t < 4 * CFG.memory_s:
+        assert s.budgets.output_tokens_per_s is not None
+        assert s.budgets.output_tokens_per_s <= 1_000.0 + 1e-9
+        t += 15.0
+        s, a = window(s, t, observed_limits=headers)
+        notes = list(a.notes)
+    assert t == pytest.approx(15.0 + CFG.stated_cap_memory_s + 15.0)
+    assert any("no longer a hard cap" in n for n in notes)
+    for _ in range(int(2 * CFG.memory_s / 15.0)):
+        t += 15.0
+        s, _ = window(s, t, observed_limits=headers)
+    assert s.budgets.output_tokens_per_s == pytest.approx(1_500.0)  # 1.5x the stated seed
+    assert s.hard_caps[REQ] == pytest.approx(50.0)  # restated by every window's headers
+    assert s.hard_caps[TOK] == pytest.approx(25_000.0)
+
+
+def test_a_lapsed_limit_stated_again_by_a_429_caps_the_budget_again() -> None:
+    """The re-probe of an unchanged limit draws a 429 that states it again: the cap is back,
+    and the budget is cut back under it."""
+    seed = Budgets(calls_per_s=50, tokens_per_s=25_000, output_tokens_per_s=None,
+                   inflight_tokens=2e6)  # fmt: skip
+    stated = {LimitType.OUTPUT_TOKENS: 60_000.0}
+    s = initial_state(seed, 0.0, cached_input_counts=False, token_class="combined")
+    s, _ = window(s, 15.0, LimitType.OUTPUT_TOKENS, observed_limits=stated)
+    s, t = clean_until(s, 15.0, 15.0 + 2 * CFG.memory_s)
+    assert OUT not in s.hard_caps
+    assert s.budgets.output_tokens_per_s is not None and s.budgets.output_tokens_per_s > 1_000.0
+    s, a = window(s, t + 15.0, LimitType.OUTPUT_TOKENS, observed_limits=stated)
+    assert OUT in a.cut and s.hard_caps[OUT] == pytest.approx(1_000.0)
+    cut_to = s.budgets.output_tokens_per_s
+    assert cut_to is not None and cut_to <= 1_000.0  # cut as any 429 cuts, from the limit
 
 
 def test_unknown_429_cuts_every_budget() -> None:

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.orm import sessionmaker
 
-from ledger import pacer_window
+from ledger import pacer_state, pacer_window
 from ledger.models import AliasObservation, LlmCall
 from planner.classify import LimitType
 from tasks import plan
@@ -147,3 +147,61 @@ def test_the_stated_bucket_corrects_a_wrong_cache_counting_belief(
     assert row.counting is not None and row.counting["anchors"]
     if not provider_counts:
         assert row.state.budgets.tokens_per_s == pytest.approx(27_000.0)  # the stated limit
+
+
+def test_calls_still_in_flight_when_a_span_ends_do_not_read_as_cache_reads_counting(
+    plan_ledger: Engine,
+) -> None:
+    """sim-anthropic believes cache reads do not count, and they do not: the provider charges
+    the 5k uncached tokens of each call, 81 calls per 15 s (405k, the stated 27k/s limit), and
+    its bucket holds at 800k. Each call takes 55 s from request to answer, and the gateway
+    records it only then. A span closed 30 s after its end (the fixed lag alone) would hold
+    only the calls answered by then: the provider would seem to have charged more than the
+    uncached tokens sent, and half the cache reads (5k per call) too, "cache reads count", and
+    the pacer would charge them against a limit that ignores them (sim.generate_wide's wide-62
+    ran at half speed so). The span waits for the longest wait and latency recorded."""
+    alias = "sim-anthropic"
+    add_run(plan_ledger, running=5, queued=30, alias=alias)
+    latency = timedelta(seconds=55)
+    requested: list[datetime] = []
+    for k in range(14):
+        at = T0 + timedelta(seconds=15 * k)
+        requested.append(at - timedelta(seconds=10))
+        answered = [r for r in requested if r + latency <= at]
+        with plan_ledger.begin() as conn:
+            conn.execute(delete(LlmCall).where(LlmCall.alias == alias))
+            rows = [
+                {
+                    "alias": alias,
+                    "requested_at": r,
+                    "input_tokens": 10_000,
+                    "cached_input_tokens": 5_000,
+                    "output_tokens": 100,
+                    "status": 200,
+                    "latency_s": latency.total_seconds(),
+                }
+                for r in answered
+                for _ in range(81)
+            ]
+            if rows:
+                conn.execute(insert(LlmCall), rows)
+            conn.execute(delete(AliasObservation).where(AliasObservation.alias == alias))
+            conn.execute(
+                insert(AliasObservation).values(
+                    alias=alias,
+                    observed_at=at - timedelta(seconds=1),
+                    status=200,
+                    headers={},
+                    limits={
+                        "limits": {"input_tokens": 1_620_000.0},
+                        "remaining": {"input_tokens": 800_000.0},
+                    },
+                )
+            )
+        plan.plan_tick(at, False)
+    with plan_ledger.connect() as conn:
+        row = pacer_state.load_state(conn, alias)
+    assert row is not None and row.counting is not None
+    assert row.counting["windows"], "spans were closed once their calls were recorded"
+    assert row.state.cached_input_counts is False
+    assert row.state.budgets.tokens_per_s == pytest.approx(27_000.0)  # the stated limit

@@ -5,7 +5,8 @@
 planner, aimd and three fixed:N), ``--json`` (one JSON object per scenario per line:
 ``{"scenario": NAME, "results": {POLICY: {...}}}``, the issue's format). ``--random N`` adds N
 scenarios drawn by ``sim.generate.random_scenario`` (seeds 0..N-1, or from ``--random-from``):
-scenarios the planner was not tuned on. ``--seed S`` (repeatable) runs each scenario file once
+scenarios the planner was not tuned on; ``--wide N`` adds N from the wider region of
+``sim.generate_wide`` (off seeds, raises, two binding limits, wrong cache beliefs). ``--seed S`` (repeatable) runs each scenario file once
 per seed instead of at its own ``seed``, named ``NAME@S``: the same limits and harness, other
 instances and timings. Under every table a verdict line names each target of
 the benchmark the planner missed (``sim.targets``), and a final line counts the scenarios that met
@@ -36,7 +37,7 @@ def _scenario_files(files: tuple[Path, ...], all_: bool, random_n: int) -> list[
         paths += sorted(SCENARIO_DIR.glob("*.yaml"))
     if not paths and random_n == 0:
         raise ConfigError(
-            "bench planner", ["give --scenario FILE (repeatable), --all or --random N"]
+            "bench planner", ["give --scenario FILE (repeatable), --all, --random N or --wide N"]
         )
     return paths
 
@@ -115,6 +116,13 @@ def measure_decision_speed(live: int = 10_000, repeats: int = 50) -> dict[str, f
     help="Also N random scenarios of the public format (sim.generate), unseen by the tuning.",
 )
 @click.option(
+    "--wide",
+    "wide_n",
+    type=click.IntRange(0, 1000),
+    default=0,
+    help="Also N random scenarios from the wider region of sim.generate_wide (seeds as --random).",
+)
+@click.option(
     "--random-from",
     type=click.IntRange(0, 10**9),
     default=0,
@@ -136,6 +144,7 @@ def bench_planner(
     policies: tuple[str, ...],
     as_json: bool,
     random_n: int,
+    wide_n: int,
     random_from: int,
     seeds: tuple[int, ...],
     decision_speed: bool,
@@ -143,6 +152,7 @@ def bench_planner(
     """Simulate scenarios under the planner and the baselines; print the results table."""
     from sim.bench import run_scenario
     from sim.generate import random_scenario
+    from sim.generate_wide import wide_scenario
     from sim.scenario import check_policy, load_scenario
     from sim.targets import violations
 
@@ -158,7 +168,7 @@ def bench_planner(
             )
         return
     names = [check_policy(p) for p in policies] or None
-    loaded = [load_scenario(path) for path in _scenario_files(scenarios, all_, random_n)]
+    loaded = [load_scenario(path) for path in _scenario_files(scenarios, all_, random_n + wide_n)]
     if seeds:
         loaded = [
             s.model_copy(update={"seed": seed, "name": f"{s.name}@{seed}"})
@@ -166,6 +176,7 @@ def bench_planner(
             for seed in seeds
         ]
     loaded += [random_scenario(seed) for seed in range(random_from, random_from + random_n)]
+    loaded += [wide_scenario(seed) for seed in range(random_from, random_from + wide_n)]
     met = judged = 0
     for scenario in loaded:
         result = run_scenario(scenario, names)

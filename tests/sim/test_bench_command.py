@@ -141,3 +141,40 @@ def test_random_scenarios_leave_room_for_their_largest_call() -> None:
     for seed in (74, *range(8)):  # 74: the trace's 65,536-token output once exceeded its limit
         scenario = random_scenario(seed)
         assert calls_that_never_fit(scenario, build_workload(scenario)) == []
+
+
+def test_command_runs_wide_unseen_scenarios() -> None:
+    code, out = _cli(
+        ["bench", "planner", "--wide", "1", "--random-from", "2", "--policy", "planner", "--json"]
+    )
+    assert code == 0
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc["scenario"] == "wide-2" and set(doc["results"]) == {"planner"}
+
+
+def test_wide_scenarios_cover_what_the_narrow_generator_never_draws() -> None:
+    """``sim.generate_wide`` draws regions ``sim.generate`` does not: seeds off by more than
+    1.4x, raised limits, two binding limits, wrong cache beliefs, no output seed, run caps.
+    Each scenario stays limit-bound and leaves room for its largest call."""
+    from sim.generate_wide import wide_scenario
+    from sim.metrics import calls_that_never_fit, lower_bound
+
+    scenarios = [wide_scenario(seed) for seed in range(24)]
+    assert wide_scenario(5) == wide_scenario(5)
+    raised = wrong_belief = no_output_seed = run_cap = far_off = 0
+    for sc in scenarios:
+        workload = build_workload(sc)
+        assert calls_that_never_fit(sc, workload) == [], sc.name
+        assert lower_bound(sc, workload).seconds >= 3.4 * float(workload.durations().max())
+        limits = [sc.provider.tpm, sc.provider.input_tpm, sc.provider.output_tpm, sc.provider.rpm]
+        raised += any(
+            (getattr(c, f) or 0) > (v or 0)
+            for c in sc.provider.changes
+            for f, v in zip(("tpm", "input_tpm", "output_tpm", "rpm"), limits, strict=True)
+        )
+        wrong_belief += sc.alias_config.cached_input_counts != sc.provider.cached_input_counts
+        no_output_seed += sc.alias_config.output_tokens_per_s is None
+        run_cap += sc.caps.run is not None
+        far_off += not 0.6 <= sc.alias_config.calls_per_s * 60.0 / (sc.provider.rpm or 1) <= 1.4
+    assert min(raised, wrong_belief, no_output_seed, run_cap, far_off) >= 1
+    assert {s.provider.headers for s in scenarios} == {"anthropic", "openai", "none"}

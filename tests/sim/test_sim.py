@@ -20,7 +20,7 @@ from sim.limits import ProviderLimits
 from sim.metrics import limit_spec, lower_bound, summarise
 from sim.planner_policy import PlannerPolicy
 from sim.reveal import headers_now
-from sim.scenario import Scenario, load_scenario, parse_scenario
+from sim.scenario import Latency, Scenario, load_scenario, parse_scenario
 from sim.workload import build_workload
 from tests.sim.sim_support import ROOT, parametric
 
@@ -446,6 +446,28 @@ def test_a_right_belief_is_never_flipped(counts: bool) -> None:
     policy, row = simulate_planner(_belief_scenario(provider_counts=counts, believed=counts))
     assert policy.recounted == []
     assert row["ratio"] <= 1.2 and row["rate_429"] <= 0.005
+
+
+LATENCY_BASE_S = 20.0  # calls of 20-30 s: under the old 15 s lag most of a span was missed
+
+
+@pytest.mark.parametrize("counts", [True, False])
+def test_calls_still_in_flight_never_flip_a_right_belief(counts: bool) -> None:
+    """Calls of 30-40 s: a span of sent calls closed a fixed 15 s after its end misses the
+    calls still in flight, the provider seems to have charged more than was sent, and "cache
+    reads count" (wide-62 of sim.generate_wide ran at half speed so). The span waits for the
+    longest recent latency."""
+    scenario = _belief_scenario(provider_counts=counts, believed=counts)
+    assert scenario.harness.parametric is not None
+    slow = scenario.harness.model_copy(
+        update={
+            "latency_s": Latency(base=LATENCY_BASE_S, per_output_token=0.01),
+            "parametric": scenario.harness.parametric.model_copy(update={"cached_share": 0.5}),
+        }
+    )
+    policy, row = simulate_planner(scenario.model_copy(update={"harness": slow}))
+    assert policy.recounted == []
+    assert row["rate_429"] <= 0.005
 
 
 class _StuckGate:
