@@ -267,6 +267,7 @@ class Gateway:
             raw_body=raw_body,
         )
         self.book.check_resend(call)
+        self.book.started(call)
         try:
             return await self._forward(request, body, call)
         except BaseException:
@@ -434,6 +435,7 @@ class Gateway:
         if call.settled:
             return
         call.settled = True
+        self.book.finished(call)
         task = asyncio.get_running_loop().create_task(self._settle(call, cost))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)

@@ -1,5 +1,6 @@
 """One harness call as the gateway tracks it while in flight (``Call``), and what the gateway
-keeps of calls (``CallBook``): per instance, when it first saw it (the task's age when the
+keeps of calls (``CallBook``): the calls in flight per alias (a span of requests is complete for
+the cache-counting inference once none requested in it is), and per instance, when it first saw it (the task's age when the
 harness sends no start time), its previous prompt (the cached part of the pacer's estimate,
 since agents resend their history) and the request the provider last rejected (a harness that
 resends it is retrying: ``llm_calls.retry``); per call, its ``llm_calls`` row and the alias's
@@ -81,6 +82,27 @@ class CallBook:
         self._first_seen: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._last_input: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._rejected: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        # per alias, the calls in flight (from their creation to their settling) by request
+        # time, in the order they were created: the first is the oldest, to within the
+        # milliseconds a reservation takes
+        self._in_flight: dict[str, OrderedDict[int, datetime]] = {}
+
+    def started(self, call: Call) -> None:
+        """The call is in flight until ``finished``."""
+        self._in_flight.setdefault(call.alias.name, OrderedDict())[id(call)] = call.requested_at
+
+    def finished(self, call: Call) -> None:
+        """The call's last ``llm_calls`` row was recorded (or it had none): no longer in flight."""
+        calls = self._in_flight.get(call.alias.name)
+        if calls is not None:
+            calls.pop(id(call), None)
+
+    def complete_before(self, alias: str, now: datetime) -> datetime:
+        """Every call of ``alias`` requested before this has been answered and recorded."""
+        calls = self._in_flight.get(alias)
+        if not calls:
+            return now
+        return min(now, next(iter(calls.values())))
 
     def estimate(self, call: Call) -> CallEstimate:
         """The pacer's estimate: the cached part is the instance's previous prompt (agents
@@ -195,6 +217,7 @@ class CallBook:
                 ),
                 last_limit_type=limit_type.value if limited else None,
                 last_limited_at=now if limited else None,
+                complete_before=self.complete_before(call.alias.name, now),
                 throttle_limits=(
                     {str(k): float(v) for k, v in limits.items()} if limited and limits else {}
                 ),

@@ -22,7 +22,7 @@ from sqlalchemy import insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ledger.models import THROTTLE_LIMITS_KEY, AliasObservation, LlmCall
+from ledger.models import COMPLETE_BEFORE_KEY, THROTTLE_LIMITS_KEY, AliasObservation, LlmCall
 from planner.classify import parse_rate_limit_headers
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,9 @@ class Observation:
     # the limits (per minute, by limit type) the last 429 stated, from its headers and message:
     # a limit only a 429's message states (OpenAI's output-token limit) is in no later header
     throttle_limits: dict[str, float] = field(default_factory=dict)
+    # every call of the alias requested before this had been answered (its row recorded before
+    # this observation): a span of sent calls that ends by then is complete (tasks.plan_counting)
+    complete_before: datetime | None = None
 
 
 def parsed_limits(obs: Observation) -> dict[str, Any]:
@@ -152,6 +155,8 @@ class CallRecorder:
                 limits = dict(obs.limits or parsed_limits(obs))
                 if obs.throttle_limits:
                     limits[THROTTLE_LIMITS_KEY] = obs.throttle_limits
+                if obs.complete_before is not None:
+                    limits[COMPLETE_BEFORE_KEY] = obs.complete_before.timestamp()
                 session.merge(
                     AliasObservation(
                         alias=obs.alias,

@@ -6,8 +6,12 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
 * ``sent_between``: the tokens of the calls the provider accepted, requested in a span, split
   into what counts either way (uncached input, plus output for a combined limit) and cache
   reads.
+* ``complete_before``: the gateway's word, with its latest observation, that every call of the
+  alias requested before then has been answered and recorded: a span of requests ending by then
+  is complete.
 * ``longest_recent_wait``: the longest time from a call's request to its answer (pacer wait plus
-  latency) over a recent look-back: how long a span waits before its calls are all recorded.
+  latency) over a recent look-back: how long a span waits for its calls when the gateway's
+  observation does not say (one written by an older gateway).
 """
 
 from __future__ import annotations
@@ -17,13 +21,13 @@ from datetime import datetime
 from sqlalchemy import Connection, func, select
 
 from ledger.clock import as_utc
-from ledger.models import AliasObservation, LlmCall
+from ledger.models import COMPLETE_BEFORE_KEY, AliasObservation, LlmCall
 from ledger.pacer_window import stated_limits, stated_remaining
 from planner.budget_state import BudgetClass, TokenClass
 from planner.budgets import header_classes
 from planner.cache_counting import BucketReading
 
-__all__ = ["counted_bucket", "longest_recent_wait", "sent_between"]
+__all__ = ["complete_before", "counted_bucket", "longest_recent_wait", "sent_between"]
 
 
 def counted_bucket(conn: Connection, alias: str, token_class: TokenClass) -> BucketReading | None:
@@ -82,3 +86,15 @@ def longest_recent_wait(
         )
     ).scalar_one()
     return None if value is None else float(value)
+
+
+def complete_before(conn: Connection, alias: str) -> float | None:
+    """Epoch seconds before which every call of ``alias`` the gateway saw requested had been
+    answered and recorded, from its latest observation (None: none, or it does not say)."""
+    limits = conn.execute(
+        select(AliasObservation.limits).where(AliasObservation.alias == alias)
+    ).scalar_one_or_none()
+    value = limits.get(COMPLETE_BEFORE_KEY) if isinstance(limits, dict) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None

@@ -29,8 +29,10 @@ call at its response). A span closed while calls sent in it were still in flight
 what was sent, and the provider seems to have charged more than the base: "cache reads count",
 wrongly, and the pacer then charges cache reads against a limit that ignores them (a run at
 half speed with no 429 to correct it: wide-62 of ``sim.generate_wide``, whose calls took up to a
-minute against a 15 s lag). So a span closes ``span_close_lag_s`` after its end: the fixed lag
-plus the longest latency seen recently. Pure: windows in, a belief out.
+minute against a 15 s lag). So a span closes once no call requested in it is still in flight,
+as the gateway states it (``tasks.plan_counting``); where it does not, ``span_close_lag_s``
+after its end: a fixed lag plus the longest latency seen recently.
+Pure: windows in, a belief out.
 """
 
 from __future__ import annotations

@@ -3,28 +3,23 @@ cut into ``planner.cache_counting.ChargeWindow`` spans for the cache-counting in
 
 A call is charged by the provider when it is admitted, so what was sent is attributed to the
 time the pacer admitted the call (its last admission, for a retried call) and recorded when its
-successful response arrives. A span is closed only when the calls admitted in it have been
-answered: ``planner.cache_counting.span_close_lag_s`` after its end (``LAG_S`` plus the longest
-latency answered recently, as the planner tick does with the ledger). One snapshot of the counted token class's stated limit and
-remaining per planner tick marks the span boundaries; a span across a change of the stated
-limit is dropped.
+successful response arrives. A span is closed only once every call admitted before its end has
+been answered (or rejected: a rejected call is charged no tokens), as the planner tick does with
+the gateway's word (``ledger.charges.complete_before``): a span closed while calls sent in it are
+still in flight under-states what was sent, and reads as "cache reads count". One snapshot of
+the counted token class's stated limit and remaining per planner tick marks the span
+boundaries; a span across a change of the stated limit is dropped.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from planner.cache_counting import (
-    LATENCY_LOOKBACK_S,
-    BucketReading,
-    ChargeWindow,
-    span_close_lag_s,
-)
+from planner.cache_counting import BucketReading, ChargeWindow
 
 SPAN_TICKS = 1  # a span is 1 planner tick (15 s)
-LAG_S = 15.0  # a span is closed this long after its end, plus the longest recent latency
 KEEP = 8  # spans kept as evidence
-DRAIN_S = 90.0  # how far back a 429's drained bucket is compared with what was admitted
+DRAIN_S = 30.0  # how far back a 429's drained bucket is compared with what was admitted
 
 
 class ChargeTracker:
@@ -34,18 +29,24 @@ class ChargeTracker:
         self._snapshots: deque[BucketReading] = deque()
         self._sent: list[tuple[float, float, float]] = []  # (admitted at, base, cached)
         self._admitted: deque[tuple[float, float, float]] = deque()  # every admission
-        self._admitted_at: dict[int, float] = {}  # each call's last admission
+        # each call in flight (admitted, neither answered nor rejected) by its last admission,
+        # oldest first
+        self._in_flight: dict[int, float] = {}
         self.windows: deque[ChargeWindow] = deque(maxlen=KEEP)
-        # (answered at, latency) with latencies decreasing: the sliding maximum's candidates
-        self._latencies: deque[tuple[float, float]] = deque()
 
     def admitted(self, call: int, at: float, base: float, cached: float) -> None:
         """A call the pacer admitted (the provider may still reject it; a retry is admitted
         again, and the provider charges its last admission)."""
-        self._admitted_at[call] = at
+        self._in_flight.pop(call, None)  # re-inserted: the dict stays in admission order
+        self._in_flight[call] = at
         self._admitted.append((at, base, cached))
         while self._admitted and self._admitted[0][0] < at - DRAIN_S:
             self._admitted.popleft()
+
+    def rejected(self, call: int) -> None:
+        """The provider rejected the call: it charged no tokens for it (until it is admitted
+        again)."""
+        self._in_flight.pop(call, None)
 
     def drain(self, now: float, limit_per_minute: float, remaining: float) -> ChargeWindow | None:
         """A 429 of the counted class says its bucket is at ``remaining``: the span from the
@@ -63,18 +64,11 @@ class ChargeTracker:
     def sent(self, call: int, now: float, base: float, cached: float) -> None:
         """A call the provider accepted at ``now``: ``base`` counts either way, ``cached`` are
         cache reads; attributed to its last admission."""
-        admitted_at = self._admitted_at.pop(call, now)
-        self._sent.append((admitted_at, base, cached))
-        latency = now - admitted_at
-        while self._latencies and self._latencies[-1][1] <= latency:
-            self._latencies.pop()
-        self._latencies.append((now, latency))
+        self._sent.append((self._in_flight.pop(call, now), base, cached))
 
-    def longest_latency(self, now: float) -> float | None:
-        """The longest latency of the calls answered over the last ``LATENCY_LOOKBACK_S``."""
-        while self._latencies and self._latencies[0][0] < now - LATENCY_LOOKBACK_S:
-            self._latencies.popleft()
-        return self._latencies[0][1] if self._latencies else None
+    def complete_before(self, now: float) -> float:
+        """Every call admitted before this has been answered or rejected."""
+        return next(iter(self._in_flight.values()), now)
 
     def observe(self, now: float, limit_per_minute: float | None, remaining: float | None) -> bool:
         """A tick's view of the counted class; True when a new span was closed."""
@@ -85,7 +79,7 @@ class ChargeTracker:
         if len(self._snapshots) <= SPAN_TICKS:
             return False
         start, end = self._snapshots[0], self._snapshots[SPAN_TICKS]
-        if end.at > now - span_close_lag_s(LAG_S, self.longest_latency(now)):
+        if end.at > self.complete_before(now):
             return False
         for _ in range(SPAN_TICKS):
             self._snapshots.popleft()

@@ -257,6 +257,7 @@ class PlannerPolicy:
             while self._accepted[0][0] < now - self.controller.cooldown_s:
                 self._accepted.popleft()
             return
+        self.charges.rejected(call)
         throttle = (classification.limit_type, classification.retry_after_s)
         if classification.limit_type in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
             self._check_drain(classification, now)

@@ -2,12 +2,13 @@
 
 Per alias and tick, the provider's latest statement of its counted-token bucket
 (``ledger.charges.counted_bucket``: limit and remaining, when the gateway saw it) becomes an
-anchor when it is newer than the last one. Two anchors at least ``SPAN_S`` apart, the later one
-old enough that the calls requested before it have been answered and recorded (``LAG_S`` plus
-the longest pacer wait and latency of the alias's recent calls:
-``planner.cache_counting.span_close_lag_s``; a span closed sooner under-states what was sent and
-reads as "cache reads count"), close a span:
-``ledger.charges.sent_between`` sums what was sent in it. The last ``KEEP`` spans are the
+anchor when it is newer than the last one. Two anchors at least ``SPAN_S`` apart close a span
+once every call requested before the later one has been answered and recorded: the gateway
+says so with its observation (``ledger.charges.complete_before``: the oldest call it has in
+flight), or, where it does not, ``LAG_S`` plus the longest pacer wait and latency of the alias's
+recent calls (``planner.cache_counting.span_close_lag_s``). A span closed sooner under-states
+what was sent and reads as "cache reads count". ``ledger.charges.sent_between`` sums what was
+sent in a closed span. The last ``KEEP`` spans are the
 evidence; when they contradict the alias's belief, ``advance`` says so and the tick flips the
 state's ``cached_input_counts`` (``planner.budgets.recounted``): the tick's accounting, the
 sizing and the token budget follow, and the gateway's pacer follows through the alias's Prefect
@@ -25,10 +26,11 @@ from typing import Any
 from sqlalchemy import Connection
 
 from evalfleet.errors import ConfigError
-from ledger.charges import counted_bucket, longest_recent_wait, sent_between
+from ledger.charges import complete_before, counted_bucket, longest_recent_wait, sent_between
 from planner.budget_state import TokenClass
 from planner.cache_counting import (
     LATENCY_LOOKBACK_S,
+    MAX_CLOSE_LAG_S,
     BucketReading,
     ChargeWindow,
     infer_cached_input_counts,
@@ -113,8 +115,7 @@ def advance(
     reading = counted_bucket(conn, alias, token_class)
     if reading is not None and (not anchors or reading.at > anchors[-1].at):
         anchors.append(reading)
-    longest = longest_recent_wait(conn, alias, now - timedelta(seconds=LATENCY_LOOKBACK_S), now)
-    horizon = now.timestamp() - span_close_lag_s(LAG_S, longest)
+    horizon = _complete_horizon(conn, alias, now)
     while len(anchors) >= 2:
         start = anchors[0]
         end = next((a for a in anchors[1:] if a.at - start.at >= SPAN_S), None)
@@ -131,6 +132,17 @@ def advance(
     if counts == believed:
         return CountingEvidence(tuple(anchors), tuple(windows)), counts
     return CountingEvidence(tuple(anchors[-1:])), counts
+
+
+def _complete_horizon(conn: Connection, alias: str, now: datetime) -> float:
+    """Epoch seconds by which the alias's calls requested are all recorded: the gateway's word
+    (``ledger.charges.complete_before``; a call it never settled holds it back at most
+    ``MAX_CLOSE_LAG_S``), else ``LAG_S`` plus the longest recent wait and latency."""
+    stated = complete_before(conn, alias)
+    if stated is not None:
+        return max(stated, now.timestamp() - MAX_CLOSE_LAG_S)
+    longest = longest_recent_wait(conn, alias, now - timedelta(seconds=LATENCY_LOOKBACK_S), now)
+    return now.timestamp() - span_close_lag_s(LAG_S, longest)
 
 
 def _utc(epoch_s: float) -> datetime:

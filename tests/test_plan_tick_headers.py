@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.orm import sessionmaker
 
 from ledger import pacer_state, pacer_window
-from ledger.models import AliasObservation, LlmCall
+from ledger.models import COMPLETE_BEFORE_KEY, AliasObservation, LlmCall
 from planner.classify import LimitType
 from tasks import plan
 from tests import plan_tick_support
@@ -149,8 +150,9 @@ def test_the_stated_bucket_corrects_a_wrong_cache_counting_belief(
         assert row.state.budgets.tokens_per_s == pytest.approx(27_000.0)  # the stated limit
 
 
+@pytest.mark.parametrize("gateway_says", [True, False])
 def test_calls_still_in_flight_when_a_span_ends_do_not_read_as_cache_reads_counting(
-    plan_ledger: Engine,
+    plan_ledger: Engine, gateway_says: bool
 ) -> None:
     """sim-anthropic believes cache reads do not count, and they do not: the provider charges
     the 5k uncached tokens of each call, 81 calls per 15 s (405k, the stated 27k/s limit), and
@@ -159,7 +161,9 @@ def test_calls_still_in_flight_when_a_span_ends_do_not_read_as_cache_reads_count
     only the calls answered by then: the provider would seem to have charged more than the
     uncached tokens sent, and half the cache reads (5k per call) too, "cache reads count", and
     the pacer would charge them against a limit that ignores them (sim.generate_wide's wide-62
-    ran at half speed so). The span waits for the longest wait and latency recorded."""
+    ran at half speed so). The span waits until the gateway's observation says every call
+    requested in it was answered, or, from a gateway that does not say, for the longest wait
+    and latency recorded."""
     alias = "sim-anthropic"
     add_run(plan_ledger, running=5, queued=30, alias=alias)
     latency = timedelta(seconds=55)
@@ -185,6 +189,14 @@ def test_calls_still_in_flight_when_a_span_ends_do_not_read_as_cache_reads_count
             ]
             if rows:
                 conn.execute(insert(LlmCall), rows)
+            limits: dict[str, Any] = {
+                "limits": {"input_tokens": 1_620_000.0},
+                "remaining": {"input_tokens": 800_000.0},
+            }
+            in_flight = [r for r in requested if r not in answered]
+            if gateway_says:
+                oldest = min(in_flight, default=at - timedelta(seconds=1))
+                limits[COMPLETE_BEFORE_KEY] = oldest.timestamp()
             conn.execute(delete(AliasObservation).where(AliasObservation.alias == alias))
             conn.execute(
                 insert(AliasObservation).values(
@@ -192,10 +204,7 @@ def test_calls_still_in_flight_when_a_span_ends_do_not_read_as_cache_reads_count
                     observed_at=at - timedelta(seconds=1),
                     status=200,
                     headers={},
-                    limits={
-                        "limits": {"input_tokens": 1_620_000.0},
-                        "remaining": {"input_tokens": 800_000.0},
-                    },
+                    limits=limits,
                 )
             )
         plan.plan_tick(at, False)

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from gateway.pacer_local import InProcessPacer
 from gateway.pacing import CallEstimate, Permit
-from ledger.models import AliasObservation
+from ledger.models import COMPLETE_BEFORE_KEY, AliasObservation
 from ledger.pauses import set_pause
 from tests.gateway.gw_helpers import Stack
 
@@ -65,6 +65,9 @@ def test_observed_rate_limit_headers_are_kept_per_alias(make_stack: Callable[...
     assert obs.headers["x-ratelimit-limit-requests"] == "600"
     assert obs.limits["limits"]["requests"] == 600.0
     assert obs.limits["limits"]["tokens"] == 1_800_000.0
+    # nothing else in flight: every call requested before the observation was answered
+    complete = obs.limits[COMPLETE_BEFORE_KEY]
+    assert time.time() - 10 < complete <= obs.observed_at.timestamp() + 1e-6
 
 
 def test_bad_requests_are_clear_and_not_forwarded(make_stack: Callable[..., Stack]) -> None:

@@ -1,0 +1,66 @@
+"""The simulated gateway's record of what it sent against the provider's stated bucket
+(``sim/charge_tracker.py``): spans wait for their calls in flight, and a 429's drain check looks at
+the last half minute whatever spans are still open."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.charge_tracker import DRAIN_S, ChargeTracker
+
+LIMIT_PER_MINUTE = 600_000.0
+
+
+def test_a_span_closes_only_once_its_slow_call_is_answered() -> None:
+    """The run's first calls: one of 2 s, one of 50 s admitted at 10 s. The span [0, 15) waits
+    until the slow call is answered at 60 s (a fixed lag would close it at 30 s without its
+    tokens, and no latency seen before would have warned), and then counts it."""
+    tracker = ChargeTracker()
+    tracker.admitted(1, 2.0, base=1_000.0, cached=0.0)
+    tracker.admitted(2, 10.0, base=5_000.0, cached=3_000.0)
+    closed: list[float] = []
+    for tick in range(0, 120, 15):
+        now = float(tick)
+        if now == 15.0:
+            tracker.sent(1, 4.0, base=1_000.0, cached=0.0)
+        if now == 60.0:
+            tracker.sent(2, 60.0, base=5_000.0, cached=3_000.0)
+        if tracker.observe(now, LIMIT_PER_MINUTE, 500_000.0):
+            closed.append(now)
+    assert closed and closed[0] == 60.0
+    first = tracker.windows[0]
+    assert first.base == pytest.approx(6_000.0) and first.cached == pytest.approx(3_000.0)
+
+
+def test_a_rejected_call_holds_no_span_open() -> None:
+    """A call the provider rejected was charged no tokens: the span closes without waiting for
+    its retry, and the retry counts where it is admitted again."""
+    tracker = ChargeTracker()
+    tracker.admitted(1, 5.0, base=1_000.0, cached=0.0)
+    tracker.rejected(1)
+    assert tracker.complete_before(20.0) == 20.0
+    tracker.observe(0.0, LIMIT_PER_MINUTE, 500_000.0)
+    assert tracker.observe(15.0, LIMIT_PER_MINUTE, 500_000.0)
+    assert tracker.windows[-1].base == 0.0
+    tracker.admitted(1, 20.0, base=1_000.0, cached=0.0)
+    assert tracker.complete_before(25.0) == 20.0
+    tracker.sent(1, 22.0, base=1_000.0, cached=0.0)
+    assert tracker.observe(30.0, LIMIT_PER_MINUTE, 500_000.0)
+    assert tracker.windows[-1].base == pytest.approx(1_000.0)
+
+
+def test_a_429_compares_the_drained_bucket_with_the_last_half_minute() -> None:
+    """Spans held open by a slow call keep their bucket readings; the drain check on a 429 still
+    starts from a reading at most ``DRAIN_S`` old, as it did when spans closed at once: a start
+    minutes back would add minutes of sends against a drop that a full bucket caps at its size,
+    and a bucket drained by cache reads would no longer say so at the first 429."""
+    tracker = ChargeTracker()
+    tracker.admitted(0, 1.0, base=100.0, cached=0.0)  # in flight throughout: spans stay open
+    for tick in range(0, 120, 15):
+        tracker.observe(float(tick), LIMIT_PER_MINUTE, LIMIT_PER_MINUTE)
+        for k in range(10):
+            tracker.admitted(1 + tick * 10 + k, tick + k * 1.0, base=2_000.0, cached=8_000.0)
+    window = tracker.drain(110.0, LIMIT_PER_MINUTE, 0.0)
+    assert window is not None
+    assert window.span_s <= DRAIN_S
+    assert window.base == pytest.approx(2 * 10 * 2_000.0)  # the ticks at 90 and 105 s
