@@ -39,6 +39,34 @@ def _parametric(rng: np.random.Generator) -> dict[str, Any]:
     }
 
 
+def placeholder_draft(
+    name: str,
+    seed: int,
+    instances: int,
+    harness: dict[str, Any],
+    *,
+    style: str,
+    cached_input_counts: bool,
+    combined: bool,
+) -> dict[str, Any]:
+    """A scenario draft whose limits and alias seed are placeholders (1): the workload it
+    builds sets them (``sim.generate_wide`` draws its scenarios the same way)."""
+    return {
+        "name": name,
+        "seed": seed,
+        "instances": instances,
+        "harness": harness,
+        "provider": {
+            "headers": style,
+            "cached_input_counts": cached_input_counts,
+            "rpm": 1,
+            "output_tpm": 1,
+            **({"tpm": 1} if combined else {"input_tpm": 1}),
+        },
+        "alias_config": {"calls_per_s": 1.0, "tokens_per_s": 1.0, "inflight_tokens": 1.0},
+    }
+
+
 def random_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
     """One random scenario (see the module docstring)."""
     rng = np.random.default_rng(seed)
@@ -55,22 +83,16 @@ def random_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
     combined = style == "openai" or (style == "none" and rng.random() < 0.5)
     counts = bool(rng.random() < 0.5)
     binding = "requests" if seed % 4 == 3 else ("output" if seed % 8 in (2, 5) else "tokens")
-    provider: dict[str, Any] = {
-        "headers": style,
-        "cached_input_counts": counts,
-        # placeholders; set from the workload below
-        "rpm": 1,
-        "output_tpm": 1,
-        **({"tpm": 1} if combined else {"input_tpm": 1}),
-    }
-    draft: dict[str, Any] = {
-        "name": f"random-{seed}",
-        "seed": int(rng.integers(0, 2**31)),
-        "instances": instances,
-        "harness": harness,
-        "provider": provider,
-        "alias_config": {"calls_per_s": 1.0, "tokens_per_s": 1.0, "inflight_tokens": 1.0},
-    }
+    draft = placeholder_draft(
+        f"random-{seed}",
+        int(rng.integers(0, 2**31)),
+        instances,
+        harness,
+        style=style,
+        cached_input_counts=counts,
+        combined=combined,
+    )
+    provider: dict[str, Any] = draft["provider"]
     scenario = parse_scenario(draft, f"random-{seed}")
     workload = build_workload(scenario)
     totals = {k.value: v for k, v in class_totals(scenario, workload).items()}

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.generate import TRACE
+from sim.generate import TRACE, placeholder_draft
 from sim.metrics import class_totals, largest_calls, lower_bound
 from sim.scenario import Scenario, parse_scenario
 from sim.workload import build_workload
@@ -119,27 +119,20 @@ def wide_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
     counts = bool(rng.random() < 0.5)
     binding = _BINDINGS[int(rng.integers(0, len(_BINDINGS)))]
     change_kind = _CHANGES[int(rng.integers(0, len(_CHANGES)))]
-    provider: dict[str, Any] = {
-        "headers": style,
-        "cached_input_counts": counts,
-        "rpm": 1,
-        "output_tpm": 1,
-        **({"tpm": 1} if combined else {"input_tpm": 1}),
-    }
-    draft: dict[str, Any] = {
-        "name": f"wide-{seed}",
-        "seed": int(rng.integers(0, 2**31)),
-        "instances": instances,
-        "harness": harness,
-        "provider": provider,
-        "alias_config": {"calls_per_s": 1.0, "tokens_per_s": 1.0, "inflight_tokens": 1.0},
-    }
-    workload = build_workload(parse_scenario(draft, f"wide-{seed}"))
-    totals = {k.value: v for k, v in class_totals(parse_scenario(draft, "-"), workload).items()}
-    biggest = {
-        k.value: math.ceil(v)
-        for k, v in largest_calls(parse_scenario(draft, "-"), workload).items()
-    }
+    draft = placeholder_draft(
+        f"wide-{seed}",
+        int(rng.integers(0, 2**31)),
+        instances,
+        harness,
+        style=style,
+        cached_input_counts=counts,
+        combined=combined,
+    )
+    provider: dict[str, Any] = draft["provider"]
+    placeholder = parse_scenario(draft, f"wide-{seed}")
+    workload = build_workload(placeholder)
+    totals = {k.value: v for k, v in class_totals(placeholder, workload).items()}
+    biggest = {k.value: math.ceil(v) for k, v in largest_calls(placeholder, workload).items()}
     token_key = "tokens" if combined else "input_tokens"
     fits = {"rpm": 1, "out": biggest["output_tokens"], "tok": biggest[token_key]}
     longest = float(workload.durations().max())
