@@ -115,16 +115,21 @@ def apply_headers(
 def lapse_unstated_caps(
     state: BudgetState, now: float, config: ControllerConfig
 ) -> tuple[BudgetState, list[str]]:
-    """Hard caps not stated again within ``stated_cap_memory_s`` stop capping growth.
+    """Hard caps not stated again within ``stated_cap_memory_s``, nor held by the class's
+    429 level memory, stop capping growth.
 
     Success headers restate their limits with every response, so only a limit a 429's message
     stated (OpenAI's output-token limit) lapses while the alias is busy: growth may then probe
     above it again (rule 6, up to ``max_over_seed`` x the seed it set), and finds a raised
-    limit, or draws a 429 that states the limit again and cuts back to it (rule 4)."""
+    limit, or draws a 429 that states the limit again and cuts back to it (rule 4). Such a
+    re-probe confirms the class's 429 level, whose memory doubles (rule 4): the cap lapses as
+    rarely, so an unchanged limit is re-probed every 20, 40, then 80 minutes."""
     stale = [
         cls
         for cls, at in state.cap_stated_at.items()
-        if cls in state.hard_caps and now - at > config.stated_cap_memory_s
+        if cls in state.hard_caps
+        and now - at > config.stated_cap_memory_s
+        and not state.remembers_429_level(cls, now, config)
     ]
     if not stale:
         return state, []

@@ -161,7 +161,7 @@ def test_a_limit_only_a_429_stated_lapses_and_a_raise_is_found() -> None:
 
 def test_a_lapsed_limit_stated_again_by_a_429_caps_the_budget_again() -> None:
     """The re-probe of an unchanged limit draws a 429 that states it again: the cap is back,
-    and the budget is cut back under it."""
+    the budget is cut back under it, and the cap next lapses after twice as long."""
     seed = Budgets(calls_per_s=50, tokens_per_s=25_000, output_tokens_per_s=None,
                    inflight_tokens=2e6)  # fmt: skip
     stated = {LimitType.OUTPUT_TOKENS: 60_000.0}
@@ -174,6 +174,12 @@ def test_a_lapsed_limit_stated_again_by_a_429_caps_the_budget_again() -> None:
     assert OUT in a.cut and s.hard_caps[OUT] == pytest.approx(1_000.0)
     cut_to = s.budgets.output_tokens_per_s
     assert cut_to is not None and cut_to <= 1_000.0  # cut as any 429 cuts, from the limit
+    # the re-probe confirmed the limit: its 429 level's memory doubled, and the cap lasts as
+    # long, so an unchanged limit is re-probed ever more rarely
+    held, t = clean_until(s, t + 15.0, t + 15.0 + 1.5 * CFG.memory_s)
+    assert held.hard_caps[OUT] == pytest.approx(1_000.0)
+    lapsed, _ = clean_until(held, t, t + 0.6 * CFG.memory_s)
+    assert OUT not in lapsed.hard_caps
 
 
 def test_unknown_429_cuts_every_budget() -> None:
