@@ -203,7 +203,9 @@ def interval_mass(
         return np.asarray(x * cw[k] - cwp[k], dtype=np.float64)  # sum_{p_i<x} w_i (x - p_i)
 
     total = mass(starts, weights, edges) - mass(ends, weights, edges)
-    return np.diff(total)
+    # differences of large cumulative sums: a bin no interval reaches can come out -1e-9, and a
+    # negative exposure's square root (the fit's bin weights) is NaN; no mass is below zero
+    return np.maximum(np.diff(total), 0.0)
 
 
 def _pool(exposure: FloatArray, min_exposure_s: float) -> list[npt.NDArray[np.intp]]:

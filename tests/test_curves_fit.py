@@ -256,3 +256,21 @@ def test_without_instances_a_task_ends_after_its_last_response() -> None:
     calls = calls_frame([("a", 0.0, 100, 0, 100), ("a", 50.0, 100, 0, 100)])
     curve = fit_curve(calls, "toy").curve
     assert curve.mean_duration_s() == pytest.approx(52.0)  # last request + 1 s + 0.01 s x 100
+
+
+def test_no_bin_has_negative_mass_and_every_parametric_fit_is_finite() -> None:
+    """``interval_mass`` takes differences of large cumulative sums: a bin past every interval
+    came out -1e-10, the fit's bin weight (its square root) NaN, and the fit of a parametric
+    harness failed outright (wide-73 of sim.generate_wide: the benchmark command crashed)."""
+    from planner.fit import interval_mass
+    from sim.generate_wide import wide_scenario
+    from sim.planner_policy import scenario_curve
+
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        ends = rng.uniform(100, 5000, size=400)
+        mass = interval_mass(np.zeros(400), ends, np.ones(400), np.arange(0, 8000, 60.0))
+        assert mass.min() >= 0.0
+        assert mass.sum() == pytest.approx(ends.sum())
+    curve = scenario_curve(wide_scenario(73))
+    assert np.isfinite(curve.calls_per_s_at).all() and curve.mean_duration_s() > 0
