@@ -1,10 +1,11 @@
 """One harness call as the gateway tracks it while in flight (``Call``), and what the gateway
-keeps of calls (``CallBook``): the calls in flight per alias (a span of requests is complete for
-the cache-counting inference once none requested in it is), and per instance, when it first saw it (the task's age when the
-harness sends no start time), its previous prompt (the cached part of the pacer's estimate,
-since agents resend their history) and the request the provider last rejected (a harness that
-resends it is retrying: ``llm_calls.retry``); per call, its ``llm_calls`` row and the alias's
-latest rate-limit headers (``alias_observations``), handed to the recorder to write in batches.
+keeps of calls (``CallBook``): per alias, the calls in flight (a span of requests is complete
+for the cache-counting inference once none requested in it is); per instance, when it first saw
+it (the task's age when the harness sends no start time), its previous prompt (the cached part
+of the pacer's estimate, since agents resend their history) and the request the provider last
+rejected (a harness that resends it is retrying: ``llm_calls.retry``); per call, its
+``llm_calls`` row and the alias's latest rate-limit headers (``alias_observations``), handed to
+the recorder to write in batches.
 
 Kept apart from the call path (``gateway.app``), which decides what happens to a call, so that
 what is remembered and recorded about it reads in one place.

@@ -279,11 +279,13 @@ class PauseFlag(Base):
 
 
 THROTTLE_LIMITS_KEY = "throttle_limits"
-# in ``alias_observations.limits``: epoch seconds before which every call of the alias the
-# gateway saw requested had been answered (and recorded) when the observation was made
-COMPLETE_BEFORE_KEY = "complete_before"
 """Key of ``AliasObservation.limits`` holding the limits the last 429 stated (kept by the
 gateway's recorder until the next 429, read by ``ledger.pacer_window.fresh_header_limits``)."""
+
+COMPLETE_BEFORE_KEY = "complete_before"
+"""Key of ``AliasObservation.limits`` holding the epoch seconds before which every call of the
+alias the gateway saw requested had been answered and recorded when it made the observation
+(written by the gateway's recorder, read by ``ledger.charges.complete_before``)."""
 
 
 class AliasObservation(Base):
