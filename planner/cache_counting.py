@@ -133,6 +133,10 @@ class CountingConfig:
     full_share: float = 0.9  # a bucket above this share of capacity may have lost refill [0.5, 1]
     min_volume: float = 0.5  # evidence needs this many buckets' worth sent [0.1, 10]
     min_cached_share: float = 0.25  # cache reads below this share of the base do not matter [0, 10]
+    # the same where the evidence is that they do not count (sent over the bound): a pacer
+    # charging cache reads of 19% of the base against a limit that ignores them runs 16% under
+    # it (wide-77), and an over-send is measured, not inferred from a drained bucket [0, 10]
+    min_cached_share_excess: float = 0.1
     counts_share: float = 0.5  # charged at least base + this x cache reads: they count [0.1, 0.9]
     excess_share: float = 0.3  # sent over the bound by this x cache reads: they don't [0.1, 0.9]
 
@@ -142,6 +146,7 @@ class CountingConfig:
             ("full_share", 0.5, 1.0),
             ("min_volume", 0.1, 10.0),
             ("min_cached_share", 0.0, 10.0),
+            ("min_cached_share_excess", 0.0, 10.0),
             ("counts_share", 0.1, 0.9),
             ("excess_share", 0.1, 0.9),
         ):
@@ -166,7 +171,7 @@ def infer_cached_input_counts(
         cached = sum(w.cached for w in usable)
         bound = sum(w.charge_bound for w in usable)
         if (
-            _matters(base, cached, capacity, cfg)
+            _matters(base, cached, capacity, cfg, cfg.min_cached_share_excess)
             and base + cached > bound + cfg.excess_share * cached
         ):
             return False
@@ -175,7 +180,7 @@ def infer_cached_input_counts(
     cached = sum(w.cached for w in usable)
     charged = sum(w.charge_floor(cfg.full_share) for w in usable)
     if (
-        _matters(base, cached, capacity, cfg)
+        _matters(base, cached, capacity, cfg, cfg.min_cached_share)
         and charged >= base + cfg.counts_share * cached
         and charged > base * (1.0 + cfg.min_cached_share)
     ):
@@ -183,5 +188,7 @@ def infer_cached_input_counts(
     return believed
 
 
-def _matters(base: float, cached: float, capacity: float, cfg: CountingConfig) -> bool:
-    return base + cached >= cfg.min_volume * capacity and cached >= cfg.min_cached_share * base
+def _matters(
+    base: float, cached: float, capacity: float, cfg: CountingConfig, min_cached_share: float
+) -> bool:
+    return base + cached >= cfg.min_volume * capacity and cached >= min_cached_share * base

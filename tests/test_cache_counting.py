@@ -59,6 +59,20 @@ def test_sending_more_than_the_provider_can_have_charged_means_they_do_not_count
     assert infer_cached_input_counts(windows, believed=False) is False
 
 
+def test_a_measured_over_send_of_few_cache_reads_still_says_they_do_not_count() -> None:
+    """Cache reads of a fifth of the base: a pacer that charges them runs 16% under a limit
+    that ignores them (wide-77 of sim.generate_wide, ratio 1.23). Sending more than the bucket
+    can have charged is measured, so a smaller share is enough to say so (10%, not the 25% a
+    drained bucket needs before it says that cache reads count)."""
+    # a bucket below capacity, steady: the provider charged exactly its refill, 3M per 30 s,
+    # while 3M uncached and 0.6M of cache reads went out
+    windows = [span(1e6, 1e6, base=3e6, cached=0.6e6) for _ in range(4)]
+    assert infer_cached_input_counts(windows, believed=True) is False
+    # the other way the 25% stands: a bucket drained by 20% more than the base sent proves little
+    drained = [span(2e6, 1e6 - 0.6e6, base=3e6, cached=0.6e6)]
+    assert infer_cached_input_counts(drained, believed=False) is False
+
+
 def test_a_pacer_at_the_limit_under_the_right_belief_keeps_it() -> None:
     # counted 3M per 30 s (the refill) with the bucket steady: consistent with counting
     windows = [span(1e6, 1e6, base=0.5e6, cached=2.5e6) for _ in range(4)]
