@@ -25,6 +25,7 @@ a seed; nothing here is tuned to the planner.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -100,10 +101,7 @@ def _changes(
     return [{"at_s": first, field: low}, {"at_s": second, field: limits[key]}]
 
 
-def wide_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
-    """One scenario of the wide region (see the module docstring)."""
-    rng = np.random.default_rng([seed, 0x57AD])
-    instances = int(rng.integers(150, 601))
+def _harness(rng: np.random.Generator) -> dict[str, Any]:
     boot_hi = _log_uniform(rng, 1.0, 300.0)
     harness: dict[str, Any] = {"boot_s": {"min": round(boot_hi / 4), "max": round(boot_hi)}}
     if rng.random() < 0.5:
@@ -114,6 +112,89 @@ def wide_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
             "base": round(float(rng.uniform(0.3, 3.0)), 2),
             "per_output_token": round(float(rng.uniform(0.002, 0.03)), 4),
         }
+    return harness
+
+
+@dataclass(frozen=True)
+class _Operator:
+    """What the operator configured: each seed's error, the output seed's absence, the cache
+    belief, the config's age and the in-flight seed (in seconds of the token seed)."""
+
+    off: dict[str, float]
+    no_output_seed: bool
+    belief: bool
+    hours: float
+    inflight_s: float
+
+    @classmethod
+    def draw(cls, rng: np.random.Generator, counts: bool) -> _Operator:
+        off = {k: _log_uniform(rng, 1 / 3, 3.0) for k in _KEYS}
+        no_output_seed = bool(rng.random() < 1 / 3)
+        belief = counts if rng.random() < 2 / 3 else not counts
+        hours = (0.0, 1.0, 10.0, 100.0)[int(rng.integers(0, 4))]
+        return cls(off, no_output_seed, belief, hours, _log_uniform(rng, 20.0, 600.0))
+
+    def alias_config(self, provider: dict[str, Any], combined: bool) -> dict[str, Any]:
+        """The seed, off by ``off`` from the limits the run starts with."""
+        tokens_per_s = provider[_field("tok", combined)] / 60.0
+        config: dict[str, Any] = {
+            "calls_per_s": round(provider["rpm"] / 60.0 * self.off["rpm"], 3),
+            "tokens_per_s": round(tokens_per_s * self.off["tok"], 1),
+            "inflight_tokens": round(tokens_per_s * self.inflight_s),
+            "cached_input_counts": self.belief,
+            "seeded_hours_ago": self.hours,
+        }
+        if not self.no_output_seed:
+            config["output_tokens_per_s"] = round(
+                provider["output_tpm"] / 60.0 * self.off["out"], 1
+            )
+        return config
+
+
+def _caps(rng: np.random.Generator) -> dict[str, Any]:
+    caps: dict[str, Any] = {"static": 1000, "run": None, "override": None}
+    if rng.random() < 0.3:
+        caps["static"] = int(rng.integers(30, 400))
+    if rng.random() < 0.2:
+        caps["run"] = int(rng.integers(30, 400))
+    if rng.random() < 0.15:
+        caps["override"] = int(rng.integers(30, 400))
+    return caps
+
+
+def _scaled(
+    limits: dict[str, int],
+    changes: list[dict[str, Any]],
+    binding: tuple[str, ...],
+    fits: dict[str, int],
+    combined: bool,
+    scale: float,
+) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """The provider's limit fields and changes with the binding ones (and their changes)
+    scaled by ``scale``, none below the largest call."""
+    fields = {
+        _field(k, combined): max(int(limits[k] * (scale if k in binding else 1)), fits[k])
+        for k in _KEYS
+    }
+    scaled = [
+        {
+            key: (
+                value
+                if key == "at_s" or not _binding_field(key, binding, combined)
+                else max(int(value * scale), fits[_key_of(key)])
+            )
+            for key, value in change.items()
+        }
+        for change in changes
+    ]
+    return fields, scaled
+
+
+def wide_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
+    """One scenario of the wide region (see the module docstring)."""
+    rng = np.random.default_rng([seed, 0x57AD])
+    instances = int(rng.integers(150, 601))
+    harness = _harness(rng)
     style = ("anthropic", "openai", "none")[int(rng.integers(0, 3))]
     combined = bool(rng.random() < 0.5)
     counts = bool(rng.random() < 0.5)
@@ -149,64 +230,29 @@ def wide_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
     slack = {k: (1.0 if k in binding else float(rng.uniform(1.5, 3.0))) for k in _KEYS}
     limits = {k: max(1, int(need[k] * slack[k]), fits[k]) for k in _KEYS}
     changes = _changes(rng, change_kind, binding, limits, fits, combined, target_s)
-    off = {k: _log_uniform(rng, 1 / 3, 3.0) for k in _KEYS}
-    no_output_seed = rng.random() < 1 / 3
-    belief = counts if rng.random() < 2 / 3 else not counts
-    hours = (0.0, 1.0, 10.0, 100.0)[int(rng.integers(0, 4))]
-    inflight_s = _log_uniform(rng, 20.0, 600.0)
-    caps: dict[str, Any] = {"static": 1000, "run": None, "override": None}
-    if rng.random() < 0.3:
-        caps["static"] = int(rng.integers(30, 400))
-    if rng.random() < 0.2:
-        caps["run"] = int(rng.integers(30, 400))
-    if rng.random() < 0.15:
-        caps["override"] = int(rng.integers(30, 400))
+    operator = _Operator.draw(rng, counts)
+    draft["caps"] = _caps(rng)
     # lower the binding limits (and their changes) until the run is limit-bound
     scale = 1.0
     for _ in range(20):
-        provider.update(
-            {
-                _field(k, combined): max(int(limits[k] * (scale if k in binding else 1)), fits[k])
-                for k in _KEYS
-            }
-        )
-        provider["changes"] = [
-            {
-                key: (
-                    value
-                    if key == "at_s" or not _binding_field(key, binding, combined)
-                    else max(int(value * scale), fits[_key_of(key)])
-                )
-                for key, value in change.items()
-            }
-            for change in changes
-        ]
-        if not provider["changes"]:
-            provider.pop("changes")
-        draft["caps"] = caps
-        draft["alias_config"] = {
-            "calls_per_s": round(provider["rpm"] / 60.0 * off["rpm"], 3),
-            "tokens_per_s": round(provider[_field("tok", combined)] / 60.0 * off["tok"], 1),
-            "inflight_tokens": round(provider[_field("tok", combined)] / 60.0 * inflight_s),
-            "cached_input_counts": belief,
-            "seeded_hours_ago": hours,
-        }
-        if not no_output_seed:
-            draft["alias_config"]["output_tokens_per_s"] = round(
-                provider["output_tpm"] / 60.0 * off["out"], 1
-            )
-        scenario = parse_scenario(draft, f"wide-{seed}")
-        bound = lower_bound(scenario, workload)
+        fields, scaled = _scaled(limits, changes, binding, fits, combined, scale)
+        provider.update(fields)
+        if scaled:
+            provider["changes"] = scaled
+        draft["alias_config"] = operator.alias_config(provider, combined)
+        bound = lower_bound(parse_scenario(draft, f"wide-{seed}"), workload)
         if bound.seconds >= bound_factor * longest * 0.98:
             break
         scale *= 0.85
+    off = operator.off
     draft["description"] = (
         f"wide: {style} headers, {'combined' if combined else 'split'} tokens, cache reads "
-        f"{'counted' if counts else 'not counted'} (believed {'counted' if belief else 'not'}), "
+        f"{'counted' if counts else 'not counted'} "
+        f"(believed {'counted' if operator.belief else 'not'}), "
         f"{'+'.join(binding)} binding, changes {change_kind}, seed off "
         + ", ".join(f"{k} {off[k]:.2f}x" for k in _KEYS)
-        + (", no output seed" if no_output_seed else "")
-        + f", {hours:g} h old"
+        + (", no output seed" if operator.no_output_seed else "")
+        + f", {operator.hours:g} h old"
     )
     return parse_scenario(draft, f"wide-{seed}")
 
