@@ -2,13 +2,12 @@
 the two readings the cache-counting inference (``planner.cache_counting``) compares.
 
 * ``counted_bucket``: the latest stated limit and remaining of the alias's counted token class
-  (``alias_observations``, as the gateway's recorder last flushed it), with when it was seen.
+  (``alias_observations``, as the gateway's recorder last flushed it), with when it was seen,
+  and the gateway's word, with that observation, that every call of the alias requested before
+  a time has been answered and recorded: a span of requests ending by then is complete.
 * ``sent_between``: the tokens of the calls the provider accepted, requested in a span, split
   into what counts either way (uncached input, plus output for a combined limit) and cache
   reads.
-* ``complete_before``: the gateway's word, with its latest observation, that every call of the
-  alias requested before then has been answered and recorded: a span of requests ending by then
-  is complete.
 * ``longest_recent_wait``: the longest time from a call's request to its answer (pacer wait plus
   latency) over a recent look-back: how long a span waits for its calls when the gateway's
   observation does not say (one written by an older gateway).
@@ -27,18 +26,26 @@ from planner.budget_state import BudgetClass, TokenClass
 from planner.budgets import header_classes
 from planner.cache_counting import BucketReading
 
-__all__ = ["complete_before", "counted_bucket", "longest_recent_wait", "sent_between"]
+__all__ = ["counted_bucket", "longest_recent_wait", "sent_between"]
 
 
-def counted_bucket(conn: Connection, alias: str, token_class: TokenClass) -> BucketReading | None:
-    """The latest stated limit and remaining of ``alias``'s counted token class, if stated."""
+def counted_bucket(
+    conn: Connection, alias: str, token_class: TokenClass
+) -> tuple[BucketReading | None, float | None]:
+    """From ``alias``'s latest observation, in one read: the stated limit and remaining of its
+    counted token class (None: not stated), and the epoch seconds before which every call the
+    gateway saw requested had been answered and recorded (None: it does not say)."""
     row = conn.execute(
         select(AliasObservation.observed_at, AliasObservation.limits).where(
             AliasObservation.alias == alias
         )
     ).first()
     if row is None or not isinstance(row[1], dict):
-        return None
+        return None, None
+    stated = row[1].get(COMPLETE_BEFORE_KEY)
+    complete = (
+        float(stated) if isinstance(stated, int | float) and not isinstance(stated, bool) else None
+    )
     limits = header_classes(
         stated_limits(row[1].get("limits")), token_class=token_class, has_output_budget=False
     )
@@ -47,8 +54,8 @@ def counted_bucket(conn: Connection, alias: str, token_class: TokenClass) -> Buc
     )
     limit, remaining = limits.get(BudgetClass.TOKENS), left.get(BudgetClass.TOKENS)
     if limit is None or remaining is None:
-        return None
-    return BucketReading(as_utc(row[0]).timestamp(), limit / 60.0, remaining)
+        return None, complete
+    return BucketReading(as_utc(row[0]).timestamp(), limit / 60.0, remaining), complete
 
 
 def sent_between(
@@ -86,15 +93,3 @@ def longest_recent_wait(
         )
     ).scalar_one()
     return None if value is None else float(value)
-
-
-def complete_before(conn: Connection, alias: str) -> float | None:
-    """Epoch seconds before which every call of ``alias`` the gateway saw requested had been
-    answered and recorded, from its latest observation (None: none, or it does not say)."""
-    limits = conn.execute(
-        select(AliasObservation.limits).where(AliasObservation.alias == alias)
-    ).scalar_one_or_none()
-    value = limits.get(COMPLETE_BEFORE_KEY) if isinstance(limits, dict) else None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None

@@ -285,7 +285,7 @@ gateway's recorder until the next 429, read by ``ledger.pacer_window.fresh_heade
 COMPLETE_BEFORE_KEY = "complete_before"
 """Key of ``AliasObservation.limits`` holding the epoch seconds before which every call of the
 alias the gateway saw requested had been answered and recorded when it made the observation
-(written by the gateway's recorder, read by ``ledger.charges.complete_before``)."""
+(written by the gateway's recorder, read by ``ledger.charges.counted_bucket``)."""
 
 
 class AliasObservation(Base):

@@ -5,7 +5,7 @@ A call is charged by the provider when it is admitted, so what was sent is attri
 time the pacer admitted the call (its last admission, for a retried call) and recorded when its
 successful response arrives. A span is closed only once every call admitted before its end has
 been answered (or rejected: a rejected call is charged no tokens), as the planner tick does with
-the gateway's word (``ledger.charges.complete_before``): a span closed while calls sent in it are
+the gateway's word (``alias_observations.limits.complete_before``): a span closed while calls sent in it are
 still in flight under-states what was sent, and reads as "cache reads count". One snapshot of
 the counted token class's stated limit and remaining per planner tick marks the span
 boundaries; a span across a change of the stated limit is dropped.

@@ -4,8 +4,8 @@ Per alias and tick, the provider's latest statement of its counted-token bucket
 (``ledger.charges.counted_bucket``: limit and remaining, when the gateway saw it) becomes an
 anchor when it is newer than the last one. Two anchors at least ``SPAN_S`` apart close a span
 once every call requested before the later one has been answered and recorded: the gateway
-says so with its observation (``ledger.charges.complete_before``: the oldest call it has in
-flight), or, where it does not, ``LAG_S`` plus the longest pacer wait and latency of the alias's
+says so with its observation (the oldest call it has in flight, read with the bucket by
+``ledger.charges.counted_bucket``), or, where it does not, ``LAG_S`` plus the longest pacer wait and latency of the alias's
 recent calls (``planner.cache_counting.span_close_lag_s``). A span closed sooner under-states
 what was sent and reads as "cache reads count". ``ledger.charges.sent_between`` sums what was
 sent in a closed span. The last ``KEEP`` spans are the
@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from evalfleet.errors import ConfigError
-from ledger.charges import complete_before, counted_bucket, longest_recent_wait, sent_between
+from ledger.charges import counted_bucket, longest_recent_wait, sent_between
 from planner.budget_state import TokenClass
 from planner.cache_counting import (
     LATENCY_LOOKBACK_S,
@@ -112,14 +112,18 @@ def advance(
     new evidence and the belief it supports (on a change, the old evidence is spent)."""
     anchors = list(evidence.anchors)
     windows = list(evidence.windows)
-    reading = counted_bucket(conn, alias, token_class)
+    reading, complete = counted_bucket(conn, alias, token_class)
     if reading is not None and (not anchors or reading.at > anchors[-1].at):
         anchors.append(reading)
-    horizon = _complete_horizon(conn, alias, now)
+    horizon: float | None = None  # read once, and only when a span could close
     while len(anchors) >= 2:
         start = anchors[0]
         end = next((a for a in anchors[1:] if a.at - start.at >= SPAN_S), None)
-        if end is None or end.at > horizon:
+        if end is None:
+            break
+        if horizon is None:
+            horizon = _complete_horizon(conn, alias, complete, now)
+        if end.at > horizon:
             break
         anchors = anchors[anchors.index(end) :]
         if end.limit_per_s != start.limit_per_s:
@@ -134,11 +138,10 @@ def advance(
     return CountingEvidence(tuple(anchors[-1:])), counts
 
 
-def _complete_horizon(conn: Connection, alias: str, now: datetime) -> float:
+def _complete_horizon(conn: Connection, alias: str, stated: float | None, now: datetime) -> float:
     """Epoch seconds by which the alias's calls requested are all recorded: the gateway's word
-    (``ledger.charges.complete_before``; a call it never settled holds it back at most
-    ``MAX_CLOSE_LAG_S``), else ``LAG_S`` plus the longest recent wait and latency."""
-    stated = complete_before(conn, alias)
+    (``stated``, from ``ledger.charges.counted_bucket``; a call it never settled holds it back at
+    most ``MAX_CLOSE_LAG_S``), else ``LAG_S`` plus the longest recent wait and latency."""
     if stated is not None:
         return max(stated, now.timestamp() - MAX_CLOSE_LAG_S)
     longest = longest_recent_wait(conn, alias, now - timedelta(seconds=LATENCY_LOOKBACK_S), now)

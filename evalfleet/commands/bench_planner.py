@@ -6,8 +6,8 @@ planner, aimd and three fixed:N), ``--json`` (one JSON object per scenario per l
 ``{"scenario": NAME, "results": {POLICY: {...}}}``, the issue's format). ``--random N`` adds N
 scenarios drawn by ``sim.generate.random_scenario`` (seeds 0..N-1, or from ``--random-from``):
 scenarios the planner was not tuned on; ``--wide N`` adds N from the wider region of
-``sim.generate_wide`` (off seeds, raises, two binding limits, wrong cache beliefs). ``--seed S`` (repeatable) runs each scenario file once
-per seed instead of at its own ``seed``, named ``NAME@S``: the same limits and harness, other
+``sim.generate_wide`` (off seeds, raises, two binding limits, wrong cache beliefs). ``--seed S``
+(repeatable) runs each scenario file once per seed instead of at its own ``seed``, named ``NAME@S``: the same limits and harness, other
 instances and timings. Under every table a verdict line names each target of
 the benchmark the planner missed (``sim.targets``), and a final line counts the scenarios that met
 them all. ``--decision-speed`` measures one planner decision for 10,000 live tasks instead. Bad
