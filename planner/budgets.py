@@ -311,7 +311,9 @@ def step(
     cooldown_until: float | None = None
     if (obs.answered > 0 or obs.observed_limits) and not state.answered:
         state = replace(state, answered=True)
-    if rate_throttles and not state.throttled:
+    # the alias's first rate 429: every provider bucket started full (``planner.blame.steadiest``)
+    first_throttle = bool(rate_throttles) and not state.throttled
+    if first_throttle:
         state = replace(state, throttled=True)
     if rate_throttles:
         longest = max((min(ra, config.max_freeze_s) for _, ra in rate_throttles if ra), default=0.0)
@@ -325,7 +327,9 @@ def step(
         steady: frozenset[BudgetClass] = frozenset()
         measured = False  # the accepted rates across unknown 429s single out classes
         if obs.delivered and any(lt is LimitType.UNKNOWN for lt, _ in rate_throttles):
-            state, steady = steadiest(state, obs.delivered, now, config)
+            state, steady = steadiest(
+                state, obs.delivered, now, config, from_full_buckets=first_throttle
+            )
             measured = bool(steady)
             steady = steady_overrides_share(
                 state, rate_throttles, obs.delivered, steady, now, config
