@@ -98,29 +98,27 @@ def steadiest(
     the smallest (classes tied with the steadiest stay in, e.g. output that moves with calls);
     empty before ``blame_min_samples``, or when every class is as steady.
 
-    The alias's first 429 (``from_full_buckets``), and the others of its episode, give no
-    rates: the provider's buckets started full, so what the binding class's bucket held went
-    out on top of its refill, and its accepted rate over the window measures that burst, not
-    the limit (random-899 of
+    The alias's first 429 (``from_full_buckets``) gives no sample: the provider's buckets
+    started full, so what the binding class's bucket held went out on top of its refill, and
+    its accepted rate over the window measures that burst, not the limit (random-899 of
     ``sim.generate``: requests accepted at 10.2/s against a limit of 6/s, then 6.6/s at every
     later 429; that first sample made the token class look the steadier and took the blame)."""
     if config.blame_samples == 0:
         return state, frozenset()
     rates = {c: v for c, v in delivered.items() if c in state.budgets.classes() and v > 0}
     samples = [(t, r) for t, r in state.unknown_samples if now - t <= config.memory_max_s]
-    if not samples or now - samples[-1][0] >= 2.0 * config.cooldown_s:
+    new_episode = not samples or now - samples[-1][0] >= 2.0 * config.cooldown_s
+    if new_episode and not from_full_buckets:
         # one sample per episode: the 429s that follow within it measure the storm (the
-        # provider's bucket in debt, every class held back by our cuts), not the limit. The
-        # first episode's marks its time and measures nothing (no rates)
-        samples = [*samples, (now, {} if from_full_buckets else rates)][-config.blame_samples :]
+        # provider's bucket in debt, every class held back by our cuts), not the limit
+        samples = [*samples, (now, rates)][-config.blame_samples :]
     state = replace(state, unknown_samples=tuple(samples))
-    measured = [r for _, r in samples if r]
-    if len(measured) < config.blame_min_samples:
+    if len(samples) < config.blame_min_samples:
         return state, frozenset()
     spreads: dict[BudgetClass, float] = {}
-    for cls in measured[-1]:
-        logs = [math.log(r[cls]) for r in measured if r.get(cls, 0.0) > 0]
-        if len(logs) == len(measured):
+    for cls in samples[-1][1]:
+        logs = [math.log(r[cls]) for _, r in samples if r.get(cls, 0.0) > 0]
+        if len(logs) == len(samples):
             mean = sum(logs) / len(logs)
             spreads[cls] = math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
     low = min(spreads.values(), default=0.0)

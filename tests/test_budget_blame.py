@@ -201,8 +201,7 @@ def test_the_first_429s_burst_of_full_buckets_is_no_sample_of_a_limit() -> None:
         return s
 
     ours = run(fresh())
-    marker, *measured = ours.unknown_samples
-    assert marker == (15.0, {}) and len(measured) == 3  # the first 429 measured nothing
+    assert len(ours.unknown_samples) == 3  # the first 429 gave none
     assert set(ours.last_429_level) == {REQ}
     naive = run(replace(fresh(), throttled=True))  # the burst taken as a sample
     assert TOK in naive.last_429_level and REQ not in naive.last_429_level

@@ -41,10 +41,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         observed_at=99.0,
         at_ceiling_since={BudgetClass.INFLIGHT: 97.0},
         at_ceiling_used_s={BudgetClass.INFLIGHT: 2.5},
-        unknown_samples=(
-            (41.0, {}),  # the first episode's mark: no rates (planner.blame.steadiest)
-            (98.0, {BudgetClass.TOKENS: 21_000.0, BudgetClass.REQUESTS: 7.5}),
-        ),
+        unknown_samples=((98.0, {BudgetClass.TOKENS: 21_000.0, BudgetClass.REQUESTS: 7.5}),),
         share_rebased_at={BudgetClass.TOKENS: 95.0},
         level_memory_s={BudgetClass.REQUESTS: 2400.0},
         rebase_up_streak={BudgetClass.TOKENS: 2},
