@@ -82,8 +82,6 @@ def steadiest(
     delivered: Mapping[BudgetClass, float],
     now: float,
     config: ControllerConfig,
-    *,
-    from_full_buckets: bool = False,
 ) -> tuple[BudgetState, frozenset[BudgetClass]]:
     """The classes a 429 of an unknown limit may have hit, when the evidence narrows them
     (else empty); the samples kept.
@@ -96,19 +94,12 @@ def steadiest(
     sixth of the provider's output limit). Steady: a spread of log rates over the last
     ``blame_samples`` unknown 429s within ``memory_max_s`` at most 1 / ``blame_spread_ratio`` x
     the smallest (classes tied with the steadiest stay in, e.g. output that moves with calls);
-    empty before ``blame_min_samples``, or when every class is as steady.
-
-    The alias's first 429 (``from_full_buckets``) gives no sample: the provider's buckets
-    started full, so what the binding class's bucket held went out on top of its refill, and
-    its accepted rate over the window measures that burst, not the limit (random-899 of
-    ``sim.generate``: requests accepted at 10.2/s against a limit of 6/s, then 6.6/s at every
-    later 429; that first sample made the token class look the steadier and took the blame)."""
+    empty before ``blame_min_samples``, or when every class is as steady."""
     if config.blame_samples == 0:
         return state, frozenset()
     rates = {c: v for c, v in delivered.items() if c in state.budgets.classes() and v > 0}
     samples = [(t, r) for t, r in state.unknown_samples if now - t <= config.memory_max_s]
-    new_episode = not samples or now - samples[-1][0] >= 2.0 * config.cooldown_s
-    if new_episode and not from_full_buckets:
+    if not samples or now - samples[-1][0] >= 2.0 * config.cooldown_s:
         # one sample per episode: the 429s that follow within it measure the storm (the
         # provider's bucket in debt, every class held back by our cuts), not the limit
         samples = [*samples, (now, rates)][-config.blame_samples :]

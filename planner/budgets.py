@@ -311,9 +311,7 @@ def step(
     cooldown_until: float | None = None
     if (obs.answered > 0 or obs.observed_limits) and not state.answered:
         state = replace(state, answered=True)
-    # the alias's first rate 429: every provider bucket started full (``planner.blame.steadiest``)
-    first_throttle = bool(rate_throttles) and not state.throttled
-    if first_throttle:
+    if rate_throttles and not state.throttled:
         state = replace(state, throttled=True)
     if rate_throttles:
         longest = max((min(ra, config.max_freeze_s) for _, ra in rate_throttles if ra), default=0.0)
@@ -327,9 +325,7 @@ def step(
         steady: frozenset[BudgetClass] = frozenset()
         measured = False  # the accepted rates across unknown 429s single out classes
         if obs.delivered and any(lt is LimitType.UNKNOWN for lt, _ in rate_throttles):
-            state, steady = steadiest(
-                state, obs.delivered, now, config, from_full_buckets=first_throttle
-            )
+            state, steady = steadiest(state, obs.delivered, now, config)
             measured = bool(steady)
             steady = steady_overrides_share(
                 state, rate_throttles, obs.delivered, steady, now, config

@@ -98,9 +98,8 @@ def test_a_guessed_blame_is_remembered_briefly_a_named_one_for_the_full_memory()
 def _unknown_429s(
     cfg: ControllerConfig, rates: list[dict[BudgetClass, float]], start: float = 15.0
 ) -> tuple[BudgetState, list[str]]:
-    """A 429 of an unknown limit every 120 s, the provider having accepted ``rates``, on an
-    alias past its first 429 (whose accepted rates measure full buckets, and give no sample)."""
-    s = replace(fresh(), throttled=True)
+    """A 429 of an unknown limit every 120 s, the provider having accepted ``rates``."""
+    s = fresh()
     notes: list[str] = []
     for i, accepted in enumerate(rates):
         obs = WindowObservation(
@@ -157,7 +156,7 @@ def test_steady_rates_do_not_overrule_a_share_blame_pressed_above_its_seed() -> 
     tokens = [16_000.0, 16_500.0, 16_200.0, 15_900.0]
     outputs = [6_000.0, 5_800.0, 5_200.0, 5_000.0]
     notes: list[str] = []
-    s, now = replace(fresh(), throttled=True), 0.0  # past its first 429 (no sample)
+    s, now = fresh(), 0.0
     for tok, out in zip(tokens, outputs, strict=True):
         for _ in range(40):  # clean windows: every budget grows back to its cap
             now += 15.0
@@ -172,39 +171,6 @@ def test_steady_rates_do_not_overrule_a_share_blame_pressed_above_its_seed() -> 
     assert len(s.unknown_samples) == 4
     assert set(s.last_429_level) == {REQ}
     assert not any("429 memory is dropped" in n for n in notes)
-
-
-def test_the_first_429s_burst_of_full_buckets_is_no_sample_of_a_limit() -> None:
-    """Every provider bucket starts full, so at the alias's first 429 the binding class's
-    accepted rate is its refill plus what its bucket held: requests accepted at 80/s against
-    a limit of 48/s, then 47.5-48.5/s at every later 429 (random-899 of ``sim.generate``:
-    10.2/s, then 6.6/s against 6/s). Counted as a sample, that burst makes requests look the
-    least steady; the token rate, moving with the mix of calls, takes the blame, and the token
-    budget is cut and re-based far below its limit. Without it, requests are blamed."""
-    rates = [
-        {REQ: r, TOK: t, OUT: o}
-        for r, t, o in [
-            (80.0, 9_000.0, 1_700.0),
-            (48.0, 7_600.0, 1_000.0),
-            (48.5, 8_600.0, 1_300.0),
-            (47.5, 9_800.0, 2_100.0),
-        ]
-    ]
-
-    def run(start: BudgetState) -> BudgetState:
-        s = start
-        for i, accepted in enumerate(rates):
-            obs = WindowObservation(
-                now=15.0 + 120.0 * i, throttles=((LimitType.UNKNOWN, None),), delivered=accepted
-            )
-            s, _ = step(s, obs, CFG)
-        return s
-
-    ours = run(fresh())
-    assert len(ours.unknown_samples) == 3  # the first 429 gave none
-    assert set(ours.last_429_level) == {REQ}
-    naive = run(replace(fresh(), throttled=True))  # the burst taken as a sample
-    assert TOK in naive.last_429_level and REQ not in naive.last_429_level
 
 
 def test_too_few_or_equally_steady_samples_keep_the_share_rule() -> None:
@@ -231,7 +197,6 @@ def test_a_seed_re_based_up_counts_in_the_share_loop_only_as_far_as_it_was_prove
         fresh(),
         seed=replace(SEED, tokens_per_s=37_500.0),  # rule 7: 1.5x the operator's 25,000
         proven_rate={TOK: 26_000.0},
-        throttled=True,  # past its first 429 (no sample)
     )
 
     def blamed(state: BudgetState) -> set[BudgetClass]:
