@@ -14,13 +14,14 @@ docs/bench-planner.md). Deterministic for a seed; nothing here is tuned to the p
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sim.metrics import class_totals, largest_calls
 from sim.scenario import Scenario, parse_scenario
-from sim.workload import build_workload
+from sim.workload import Workload, build_workload
 
 TRACE = "minisweagent-gemini3pro-verified"
 
@@ -67,6 +68,43 @@ def placeholder_draft(
     }
 
 
+@dataclass(frozen=True)
+class DraftSizing:
+    """What a placeholder draft's workload asks of each limit key (``rpm``, ``tok``, ``out``):
+    ``need``, the limit per minute at which the class would take ``target_s`` (``bound_factor``
+    x the longest instance), and ``fits``, the largest single call (every limit must hold one,
+    after a drop too: a call larger than a per-minute limit is never admitted, and the trace
+    holds calls of 65,536 output tokens)."""
+
+    workload: Workload
+    need: dict[str, float]
+    fits: dict[str, int]
+    longest_s: float
+    target_s: float
+
+
+def size_draft(draft: dict[str, Any], bound_factor: float, *, combined: bool) -> DraftSizing:
+    """Size the limits of a ``placeholder_draft`` from the workload it builds."""
+    placeholder = parse_scenario(draft, draft["name"])
+    workload = build_workload(placeholder)
+    totals = {k.value: v for k, v in class_totals(placeholder, workload).items()}
+    biggest = {k.value: math.ceil(v) for k, v in largest_calls(placeholder, workload).items()}
+    token_key = "tokens" if combined else "input_tokens"
+    longest = float(workload.durations().max())
+    target_s = bound_factor * longest
+    return DraftSizing(
+        workload=workload,
+        need={
+            "rpm": totals["requests"] / target_s * 60.0,
+            "tok": totals[token_key] / target_s * 60.0,
+            "out": totals["output_tokens"] / target_s * 60.0,
+        },
+        fits={"rpm": 1, "out": biggest["output_tokens"], "tok": biggest[token_key]},
+        longest_s=longest,
+        target_s=target_s,
+    )
+
+
 def random_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
     """One random scenario (see the module docstring)."""
     rng = np.random.default_rng(seed)
@@ -93,20 +131,11 @@ def random_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
         combined=combined,
     )
     provider: dict[str, Any] = draft["provider"]
-    scenario = parse_scenario(draft, f"random-{seed}")
-    workload = build_workload(scenario)
-    totals = {k.value: v for k, v in class_totals(scenario, workload).items()}
-    target_s = bound_factor * float(workload.durations().max())
-    token_key = "tokens" if combined else "input_tokens"
     # per-minute limits at which each class would take target_s; the binding one exactly,
     # the others with room (1.5-3x)
-    need = {
-        "rpm": totals["requests"] / target_s * 60.0,
-        "tok": totals[token_key] / target_s * 60.0,
-        "out": totals["output_tokens"] / target_s * 60.0,
-    }
-    biggest = {k.value: math.ceil(v) for k, v in largest_calls(scenario, workload).items()}
-    if binding == "output" and need["out"] < 2.0 * biggest["output_tokens"]:
+    sizing = size_draft(draft, bound_factor, combined=combined)
+    need, fits, target_s = sizing.need, sizing.fits, sizing.target_s
+    if binding == "output" and need["out"] < 2.0 * fits["out"]:
         # an output limit that binds at 3.5x the longest instance would hold fewer than two
         # of the largest calls (the trace's run to 65,536 output tokens): each of them would
         # need the provider's whole bucket, which no pacing can share. The tokens bind instead
@@ -115,10 +144,6 @@ def random_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
     slack = {k: float(rng.uniform(1.5, 3.0)) for k in need}
     slack[bound_key] = 1.0
     limits = {k: max(1, int(v * slack[k])) for k, v in need.items()}
-    # every call must fit every limit on its own, after a drop too: a call larger than a
-    # per-minute limit is never admitted and no policy could finish (the trace holds calls of
-    # 65,536 output tokens)
-    fits = {"rpm": 1, "out": biggest["output_tokens"], "tok": biggest[token_key]}
     provider["rpm"] = limits["rpm"]
     # an output limit with room is at least 20,000 per minute; a binding one is what it needs
     provider["output_tpm"] = max(limits["out"], fits["out"], 1 if bound_key == "out" else 20_000)

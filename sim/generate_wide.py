@@ -30,10 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from sim.generate import TRACE, placeholder_draft
-from sim.metrics import class_totals, largest_calls, lower_bound
+from sim.generate import TRACE, placeholder_draft, size_draft
+from sim.metrics import lower_bound
 from sim.scenario import Scenario, parse_scenario
-from sim.workload import build_workload
 
 __all__ = ["wide_scenario"]
 
@@ -210,19 +209,9 @@ def wide_scenario(seed: int, *, bound_factor: float = 3.5) -> Scenario:
         combined=combined,
     )
     provider: dict[str, Any] = draft["provider"]
-    placeholder = parse_scenario(draft, f"wide-{seed}")
-    workload = build_workload(placeholder)
-    totals = {k.value: v for k, v in class_totals(placeholder, workload).items()}
-    biggest = {k.value: math.ceil(v) for k, v in largest_calls(placeholder, workload).items()}
-    token_key = "tokens" if combined else "input_tokens"
-    fits = {"rpm": 1, "out": biggest["output_tokens"], "tok": biggest[token_key]}
-    longest = float(workload.durations().max())
-    target_s = bound_factor * longest
-    need = {
-        "rpm": totals["requests"] / target_s * 60.0,
-        "tok": totals[token_key] / target_s * 60.0,
-        "out": totals["output_tokens"] / target_s * 60.0,
-    }
+    sizing = size_draft(draft, bound_factor, combined=combined)
+    workload, need, fits = sizing.workload, sizing.need, sizing.fits
+    longest, target_s = sizing.longest_s, sizing.target_s
     if "out" in binding and need["out"] < 2.0 * fits["out"]:
         # an output limit that holds fewer than two of the largest calls cannot be shared by
         # any pacing (sim.generate says why): the counted tokens bind instead
