@@ -164,6 +164,15 @@ class LimitsSnapshot:
 
 
 _EPS = 1e-9
+# what a request needs from a class's bucket: one request, counted input, counted input plus
+# max_output, or max_output
+_REQUEST, _INPUT, _COMBINED, _OUTPUT = range(4)
+_NEED_KIND = {
+    LimitType.REQUESTS: _REQUEST,
+    LimitType.INPUT_TOKENS: _INPUT,
+    LimitType.TOKENS: _COMBINED,
+    LimitType.OUTPUT_TOKENS: _OUTPUT,
+}
 
 
 class _Bucket:
@@ -204,12 +213,32 @@ class ProviderLimits:
             if lim is not None:
                 self._buckets[cls] = _Bucket(lim)
         self.consumed: dict[LimitType, float] = {c: 0.0 for c in self._buckets}
+        self._index_buckets()
         self.admitted_count = 0
         self.rejected_count = 0
         self._advance(start_s)
 
+    def _index_buckets(self) -> None:
+        # the configured buckets in CLASS_ORDER, as a list: admit walks it for every request
+        self._buckets = {c: self._buckets[c] for c in CLASS_ORDER if c in self._buckets}
+        self._bucket_list = list(self._buckets.values())
+        self._classes = [(c, b, _NEED_KIND[c]) for c, b in self._buckets.items()]
+        self._request_bucket = self._buckets.get(LimitType.REQUESTS)
+
     # -- time -------------------------------------------------------------------------------
     def _advance(self, now: float) -> None:
+        changes = self._changes
+        if self._next_change < len(changes) and changes[self._next_change].at_s <= now:
+            self._advance_through_changes(now)
+        elif now > self._now:
+            # the hot path (every request of a 429 storm): the refill of _Bucket.refill, inlined
+            dt = now - self._now
+            for b in self._bucket_list:
+                level = b.level + dt * b.limit / 60.0
+                b.level = level if level < b.limit else b.limit
+            self._now = now
+
+    def _advance_through_changes(self, now: float) -> None:
         if now <= self._now:
             self._apply_due_changes()
             return
@@ -246,6 +275,7 @@ class ProviderLimits:
             if bucket is None:
                 self._buckets[cls] = _Bucket(new)
                 self.consumed.setdefault(cls, 0.0)
+                self._index_buckets()
             else:
                 bucket.limit = new
                 bucket.level = min(bucket.level, new)
@@ -266,60 +296,72 @@ class ProviderLimits:
 
     def needs(self, charge: CallCharge) -> dict[LimitType, float]:
         """What a request needs from each configured bucket."""
-        counted = self.counted_input(charge)
-        need = {
-            LimitType.REQUESTS: 1.0,
-            LimitType.INPUT_TOKENS: float(counted),
-            LimitType.TOKENS: float(counted + charge.max_output),
-            LimitType.OUTPUT_TOKENS: float(charge.max_output),
-        }
-        return {c: need[c] for c in CLASS_ORDER if c in self._buckets}
+        return {cls: need for cls, _, need in self._needs(charge)}
+
+    def _needs(self, charge: CallCharge) -> list[tuple[LimitType, _Bucket, float]]:
+        counted = charge.input_uncached
+        if self.spec.cached_input_counts:
+            counted += charge.input_cached
+        out = charge.max_output
+        by_kind = (1.0, float(counted), float(counted + out), float(out))
+        return [(cls, b, by_kind[kind]) for cls, b, kind in self._classes]
 
     # -- admission --------------------------------------------------------------------------
     def admit(self, now: float, charge: CallCharge) -> ProviderAdmission:
         """Admit the request at ``now`` (charging every bucket) or reject it."""
         self._advance(now)
-        needs = self.needs(charge)
-        buckets = self._buckets
-        for cls, n in needs.items():
-            if n > buckets[cls].limit:
+        needs = self._needs(charge)
+        for cls, b, n in needs:
+            if n > b.limit:
                 self._count_rejection()
                 return ProviderAdmission(
                     admitted=False,
                     limit=cls,
-                    retry_after_s=buckets[cls].wait_for(buckets[cls].limit),
+                    retry_after_s=b.wait_for(b.limit),
                     too_large=True,
                     requested=n,
                 )
         # the class short longest (the first in CLASS_ORDER among equals); called once per
-        # request, 429 storms included, so no intermediate dicts
+        # request, 429 storms included, so _Bucket.wait_for is inlined and no dict is built
         hit: LimitType | None = None
+        hit_need = 0.0
         worst = 0.0
-        for cls, n in needs.items():
-            wait = buckets[cls].wait_for(n)
-            if wait > worst:
-                hit, worst = cls, wait
+        for cls, b, n in needs:
+            short = n - b.level
+            if short > 0.0 and short > _EPS * (n if n > 1.0 else 1.0):
+                wait = short / (b.limit / 60.0)
+                if wait > worst:
+                    hit, hit_need, worst = cls, n, wait
         if hit is not None:
             self._count_rejection()
             # the rejection itself consumed a request: wait until everything fits again
-            after = max(buckets[c].wait_for(n) for c, n in needs.items())
+            after = 0.0
+            for _, b, n in needs:
+                short = n - b.level
+                if short > 0.0 and short > _EPS * (n if n > 1.0 else 1.0):
+                    wait = short / (b.limit / 60.0)
+                    if wait > after:
+                        after = wait
             return ProviderAdmission(
-                admitted=False, limit=hit, retry_after_s=after, requested=needs[hit]
+                admitted=False, limit=hit, retry_after_s=after, requested=hit_need
             )
         consumed = self.consumed
-        for cls, n in needs.items():
-            buckets[cls].level -= n
+        charged: dict[LimitType, float] = {}
+        for cls, b, n in needs:
+            b.level -= n
             consumed[cls] += n
+            charged[cls] = n
         self.admitted_count += 1
         return ProviderAdmission(
-            admitted=True, ticket=Ticket(charged=needs, max_output=charge.max_output)
+            admitted=True, ticket=Ticket(charged=charged, max_output=charge.max_output)
         )
 
     def _count_rejection(self) -> None:
         self.rejected_count += 1
-        req = self._buckets.get(LimitType.REQUESTS)
+        req = self._request_bucket
         if req is not None:
-            req.level = max(0.0, req.level - 1.0)
+            level = req.level - 1.0
+            req.level = level if level > 0.0 else 0.0
             self.consumed[LimitType.REQUESTS] += 1.0
 
     def settle(self, now: float, ticket: Ticket, actual_output: int) -> None:

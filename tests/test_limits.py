@@ -120,6 +120,18 @@ def test_change_refills_at_old_rate_until_the_change() -> None:
     assert p.snapshot(15.0).classes[LimitType.INPUT_TOKENS].remaining == 6000
 
 
+def test_a_change_that_adds_a_class_limits_it_from_then_on() -> None:
+    p = ProviderLimits(LimitSpec(input_tpm=60_000), [LimitChange(at_s=10.0, rpm=60)])
+    assert sum(p.admit(0.0, CallCharge(10)).admitted for _ in range(100)) == 100
+    # from t=10 a request bucket (full: 60) stands beside the input bucket, in class order
+    assert list(p.snapshot(10.0).classes) == [LimitType.REQUESTS, LimitType.INPUT_TOKENS]
+    assert sum(p.admit(10.0, CallCharge(10)).admitted for _ in range(100)) == 60
+    r = p.admit(10.0, CallCharge(10))
+    assert not r.admitted and r.limit is LimitType.REQUESTS
+    assert r.retry_after_s == pytest.approx(1.0)
+    assert p.consumed[LimitType.REQUESTS] == 60 + 41  # rejections count against it too
+
+
 def test_snapshot_reset_is_time_until_full() -> None:
     p = ProviderLimits(LimitSpec(rpm=120))
     for _ in range(30):
