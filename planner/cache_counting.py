@@ -167,15 +167,7 @@ def infer_cached_input_counts(
         return believed
     capacity = max(w.capacity for w in usable)
     if believed:
-        base = sum(w.base for w in usable)
-        cached = sum(w.cached for w in usable)
-        bound = sum(w.charge_bound for w in usable)
-        if (
-            _matters(base, cached, capacity, cfg, cfg.min_cached_share_excess)
-            and base + cached > bound + cfg.excess_share * cached
-        ):
-            return False
-        return believed
+        return not any(_sent_over_bound(run, capacity, cfg) for run in _runs(usable))
     base = sum(w.base for w in usable)
     cached = sum(w.cached for w in usable)
     charged = sum(w.charge_floor(cfg.full_share) for w in usable)
@@ -186,6 +178,24 @@ def infer_cached_input_counts(
     ):
         return True
     return believed
+
+
+def _runs(windows: Sequence[ChargeWindow]) -> list[Sequence[ChargeWindow]]:
+    """Every run of consecutive windows, the longest first."""
+    n = len(windows)
+    return [windows[i : i + k] for k in range(n, 0, -1) for i in range(n - k + 1)]
+
+
+def _sent_over_bound(run: Sequence[ChargeWindow], capacity: float, cfg: CountingConfig) -> bool:
+    """More was sent over ``run`` than the provider can have charged, by a clear share of the
+    cache reads: they do not count."""
+    base = sum(w.base for w in run)
+    cached = sum(w.cached for w in run)
+    bound = sum(w.charge_bound for w in run)
+    return (
+        _matters(base, cached, capacity, cfg, cfg.min_cached_share_excess)
+        and base + cached > bound + cfg.excess_share * cached
+    )
 
 
 def _matters(

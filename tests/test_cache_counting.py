@@ -83,6 +83,24 @@ def test_a_pacer_at_the_limit_under_the_right_belief_keeps_it() -> None:
     assert infer_cached_input_counts(full, believed=False) is False
 
 
+def test_an_over_send_is_not_diluted_by_spans_that_sent_under_the_bound() -> None:
+    """wide-257 of sim.generate_wide: believed counted, the pacer burst its bucket into a
+    provider bucket that stayed full (the cache reads, 90% of the prompts, do not count) and
+    then sent at the stated limit, as the provider allows under either belief. Summed with the
+    spans around it, the burst is lost in their bound: the run went at a sixth of the limit
+    with no 429 (ratio 6.6). Any run of consecutive spans that sent over the bound counts."""
+    booting = span(CAP, CAP, base=0.2e6, cached=0.8e6)  # a fleet still booting: far under
+    burst = [span(CAP, CAP, base=0.6e6, cached=3.9e6) for _ in range(3)]  # 4.5M; 3M bound
+    steady = [span(CAP, CAP, base=0.3e6, cached=2.7e6) for _ in range(4)]  # at the limit
+    windows = [booting, *burst, *steady]
+    assert infer_cached_input_counts(windows, believed=True) is False
+    # the same spans with the burst gone say nothing: a full bucket at the limit is no evidence
+    assert infer_cached_input_counts([booting, *steady], believed=True) is True
+    # and one span over its bound by less than the margin is not enough on its own
+    slight = span(CAP, CAP, base=0.3e6, cached=3.0e6)  # 3.3M against 3M + 0.9M
+    assert infer_cached_input_counts([booting, slight, *steady], believed=True) is True
+
+
 @pytest.mark.parametrize(
     "windows",
     [
