@@ -73,6 +73,19 @@ def apply_headers(
     if not caps:
         return state, []
     notes: list[str] = []
+    raised = [
+        cls
+        for cls, cap in caps.items()
+        if (stated := state.observed.get(cls)) is not None
+        and cap > stated
+        and cls in state.last_429_level
+    ]
+    if raised:
+        # the provider raised a limit it states: a 429 level drawn under the old one says
+        # nothing of the new (else the budget waits out the 429 memory, 20 minutes, below a
+        # limit the provider has just stated)
+        state = state.keeping_429_memory(lambda k: k not in raised)
+        notes.extend(f"{cls}: stated limit raised: its 429 memory is dropped" for cls in raised)
     seed, budgets = state.seed, state.budgets
     for cls, cap in caps.items():
         previous = seed.get(cls)
@@ -86,7 +99,8 @@ def apply_headers(
             budgets = budgets.with_value(cls, cap)
         elif state.observed.get(cls) != cap:
             # a newly stated limit: the budget goes to it at once (not +5% per window from a
-            # stale or low seed), but not back above a level that drew a 429 recently
+            # stale or low seed), but not back above a level that drew a 429 recently (unless
+            # the limit was raised: that memory was dropped above)
             bound = cap
             remembered = state.level_cap(cls, now, config)
             if remembered is not None:

@@ -497,11 +497,27 @@ def test_a_newly_stated_header_limit_lifts_a_low_budget_at_once() -> None:
 
 
 def test_a_changed_header_limit_stays_below_a_recent_429_level() -> None:
+    # a 429 at 16,000/s below the 32,000/s the header states (another client of the key): a
+    # lower limit stated later, still above that level, does not lift the budget past it
+    s = fresh(0.0, observed_limits={LimitType.INPUT_TOKENS: 1_920_000.0})  # 32,000/s
+    s = replace(s, budgets=s.budgets.with_value(BudgetClass.TOKENS, 16_000.0))
+    s, _ = window(s, 15.0, LimitType.INPUT_TOKENS)  # 429 at 16,000/s
+    lowered = {LimitType.INPUT_TOKENS: 1_440_000.0}  # the header now says 24,000/s
+    s, _ = window(s, 30.0, observed_limits=lowered)
+    assert s.budgets.tokens_per_s == pytest.approx(16_000.0 * (1 - CFG.probe_margin))
+
+
+def test_a_raised_header_limit_drops_the_429_level_drawn_under_the_old_one() -> None:
+    """wide-231 of sim.generate_wide: an output limit dropped, drew a 429, and came back; the
+    headers said so, yet the budget waited out the 20-minute 429 memory below the old level."""
     s = fresh(0.0, observed_limits={LimitType.INPUT_TOKENS: 960_000.0})  # 16,000/s
     s, _ = window(s, 15.0, LimitType.INPUT_TOKENS)  # 429 at 16,000/s
+    assert BudgetClass.TOKENS in s.last_429_level
     raised = {LimitType.INPUT_TOKENS: 1_920_000.0}  # the header now says 32,000/s
-    s, _ = window(s, 30.0, observed_limits=raised)
-    assert s.budgets.tokens_per_s == pytest.approx(16_000.0 * (1 - CFG.probe_margin))
+    s, actions = window(s, 30.0, observed_limits=raised)
+    assert s.budgets.tokens_per_s == pytest.approx(32_000.0)
+    assert BudgetClass.TOKENS not in s.last_429_level
+    assert any("stated limit raised" in n for n in actions.notes)
 
 
 def test_a_429_residue_after_a_cut_eases_the_budget_without_capping_it() -> None:
