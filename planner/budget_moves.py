@@ -25,11 +25,14 @@ def cut(
     *,
     blamed: bool = True,
     unchecked: bool = False,
+    drawn_at: float | None = None,
 ) -> tuple[BudgetState, bool]:
     """Cut ``cls`` after a 429 (rule 4). A class the 429 did not blame
     (``planner.blame.blamed_classes``) is cut the same way, but its level is not remembered as
     one that drew a 429 and the cut does not count towards a re-base. A re-base down of an
-    ``unchecked`` blame (``planner.budgets.step``) is remembered in ``share_rebased_at``."""
+    ``unchecked`` blame (``planner.budgets.step``) is remembered in ``share_rebased_at``.
+    ``drawn_at``: the level the 429 was drawn at when it is not the budget's (a header that
+    came with the 429 lowered the budget to the limit it states): that level is remembered."""
     level = state.budgets.get(cls)
     seed_value = state.seed.get(cls)
     assert level is not None and seed_value is not None
@@ -47,7 +50,8 @@ def cut(
             # (OpenAI), retries can keep the bucket so empty that little is accepted at all
             measured = delivered * (1.0 - config.probe_margin)
             new_value = max(min(new_value, measured), level * config.cut * config.cut)
-    remembered, memory = _level_memory(state, cls, level, now, config, unchecked=unchecked)
+    drawn = level if drawn_at is None else max(level, drawn_at)
+    remembered, memory = _level_memory(state, cls, drawn, now, config, unchecked=unchecked)
     if blamed and remembered < level:
         # a re-probe confirmed the old level: the provider's bucket let the budget climb past
         # it before emptying, so the cut starts from the limit, not from the overshoot

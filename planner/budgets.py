@@ -238,6 +238,7 @@ def step(
     state = replace(state, stale_after_s=config.stale_after_s)
 
     # 1. headers: hard caps, and they win over config; a cap not stated again lapses.
+    before_headers = state.budgets
     if obs.observed_limits:
         state, header_notes = apply_headers(state, obs.observed_limits, now, config)
         notes.extend(header_notes)
@@ -343,8 +344,20 @@ def step(
                 continue  # 429s of calls sent before the last cut
             level = state.budgets.get(cls)
             delivered = obs.delivered.get(cls) if obs.delivered and cls in pressed else None
+            # a header that came with the 429 may have lowered the budget to a limit it
+            # states (the limit dropped): the 429 was drawn at the level before, not at that
+            # limit, which caps the budget anyway; remembered as drawn there, it does not hold
+            # growth probe_margin under the stated limit for the 429 memory
+            earlier = before_headers.get(cls)
             state, did_rebase = budget_moves.cut(
-                state, cls, now, config, delivered, blamed=cls in blamed, unchecked=cls in unchecked
+                state,
+                cls,
+                now,
+                config,
+                delivered,
+                blamed=cls in blamed,
+                unchecked=cls in unchecked,
+                drawn_at=earlier if earlier is not None and level is not None else None,
             )
             cut.append(cls)
             if cls in blamed:

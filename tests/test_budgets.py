@@ -520,6 +520,24 @@ def test_a_raised_header_limit_drops_the_429_level_drawn_under_the_old_one() -> 
     assert any("stated limit raised" in n for n in actions.notes)
 
 
+def test_a_429_that_states_a_dropped_limit_lets_the_budget_back_up_to_it() -> None:
+    """wide-258 of sim.generate_wide: the output limit halved; the 429 at the old level came
+    with a header stating the new one. Remembered as drawn at the new limit, the 429 held the
+    budget 5% under it for the 20-minute memory; it was drawn at the level before."""
+    stated = {LimitType.INPUT_TOKENS: 1_200_000.0}  # 20,000/s
+    s = fresh(0.0, observed_limits=stated)
+    assert s.budgets.tokens_per_s == pytest.approx(20_000.0)
+    halved = {LimitType.INPUT_TOKENS: 600_000.0}  # the limit drops to 10,000/s: a 429 says so
+    s, _ = window(s, 15.0, LimitType.INPUT_TOKENS, observed_limits=halved)
+    assert s.budgets.tokens_per_s == pytest.approx(10_000.0 * CFG.cut)
+    assert s.last_429_level[TOK] == pytest.approx(20_000.0)
+    s, _ = clean_until(s, 15.0, 15.0 + 600.0)  # well inside the 429 memory
+    assert s.budgets.tokens_per_s == pytest.approx(10_000.0)  # the stated limit caps it
+    # a 429 at the stated limit itself (no header lowered the budget) is remembered there
+    s, _ = window(s, 700.0, LimitType.INPUT_TOKENS, observed_limits=halved)
+    assert s.last_429_level[TOK] == pytest.approx(10_000.0)
+
+
 def test_a_429_residue_after_a_cut_eases_the_budget_without_capping_it() -> None:
     # an overshoot drew a cut; a cooldown later one more 429 arrives although the provider
     # accepted all the cut level let through: its per-minute bucket was still in debt
