@@ -197,6 +197,24 @@ class _Bucket:
         return short / self.rate
 
 
+def _longest_wait(
+    needs: list[tuple[LimitType, _Bucket, float]],
+) -> tuple[LimitType | None, float, float]:
+    """The class short longest (the first in CLASS_ORDER among equals; None: every need
+    fits), what it needs, and how long until it fits. Called for every request of a 429
+    storm, so ``_Bucket.wait_for`` is inlined."""
+    hit: LimitType | None = None
+    hit_need = 0.0
+    worst = 0.0
+    for cls, b, n in needs:
+        short = n - b.level
+        if short > 0.0 and short > _EPS * (n if n > 1.0 else 1.0):
+            wait = short / (b.limit / 60.0)
+            if wait > worst:
+                hit, hit_need, worst = cls, n, wait
+    return hit, hit_need, worst
+
+
 class ProviderLimits:
     """The live bucket state of one provider (or one provider key)."""
 
@@ -321,27 +339,11 @@ class ProviderLimits:
                     too_large=True,
                     requested=n,
                 )
-        # the class short longest (the first in CLASS_ORDER among equals); called once per
-        # request, 429 storms included, so _Bucket.wait_for is inlined and no dict is built
-        hit: LimitType | None = None
-        hit_need = 0.0
-        worst = 0.0
-        for cls, b, n in needs:
-            short = n - b.level
-            if short > 0.0 and short > _EPS * (n if n > 1.0 else 1.0):
-                wait = short / (b.limit / 60.0)
-                if wait > worst:
-                    hit, hit_need, worst = cls, n, wait
+        hit, hit_need, _ = _longest_wait(needs)
         if hit is not None:
             self._count_rejection()
             # the rejection itself consumed a request: wait until everything fits again
-            after = 0.0
-            for _, b, n in needs:
-                short = n - b.level
-                if short > 0.0 and short > _EPS * (n if n > 1.0 else 1.0):
-                    wait = short / (b.limit / 60.0)
-                    if wait > after:
-                        after = wait
+            _, _, after = _longest_wait(needs)
             return ProviderAdmission(
                 admitted=False, limit=hit, retry_after_s=after, requested=hit_need
             )
