@@ -348,7 +348,6 @@ def step(
             # states (the limit dropped): the 429 was drawn at the level before, not at that
             # limit, which caps the budget anyway; remembered as drawn there, it does not hold
             # growth probe_margin under the stated limit for the 429 memory
-            earlier = before_headers.get(cls)
             state, did_rebase = budget_moves.cut(
                 state,
                 cls,
@@ -357,7 +356,7 @@ def step(
                 delivered,
                 blamed=cls in blamed,
                 unchecked=cls in unchecked,
-                drawn_at=earlier if earlier is not None and level is not None else None,
+                drawn_at=before_headers.get(cls),
             )
             cut.append(cls)
             if cls in blamed:

@@ -317,9 +317,7 @@ class ProviderLimits:
         return {cls: need for cls, _, need in self._needs(charge)}
 
     def _needs(self, charge: CallCharge) -> list[tuple[LimitType, _Bucket, float]]:
-        counted = charge.input_uncached
-        if self.spec.cached_input_counts:
-            counted += charge.input_cached
+        counted = self.counted_input(charge)
         out = charge.max_output
         by_kind = (1.0, float(counted), float(counted + out), float(out))
         return [(cls, b, by_kind[kind]) for cls, b, kind in self._classes]
