@@ -186,10 +186,6 @@ class _Bucket:
     def rate(self) -> float:
         return self.limit / 60.0
 
-    def refill(self, dt: float) -> None:
-        if dt > 0:
-            self.level = min(self.limit, self.level + dt * self.limit / 60.0)
-
     def wait_for(self, need: float) -> float:
         short = need - self.level
         if short <= 0.0 or short <= _EPS * (need if need > 1.0 else 1.0):
@@ -249,11 +245,7 @@ class ProviderLimits:
         if self._next_change < len(changes) and changes[self._next_change].at_s <= now:
             self._advance_through_changes(now)
         elif now > self._now:
-            # the hot path (every request of a 429 storm): the refill of _Bucket.refill, inlined
-            dt = now - self._now
-            for b in self._bucket_list:
-                level = b.level + dt * b.limit / 60.0
-                b.level = level if level < b.limit else b.limit
+            self._refill_all(now - self._now)
             self._now = now
 
     def _advance_through_changes(self, now: float) -> None:
@@ -281,8 +273,12 @@ class ProviderLimits:
             self._next_change += 1
 
     def _refill_all(self, dt: float) -> None:
-        for b in self._buckets.values():
-            b.refill(dt)
+        # on every request of a 429 storm: the list, and the refill inlined
+        if dt <= 0:
+            return
+        for b in self._bucket_list:
+            level = b.level + dt * b.limit / 60.0
+            b.level = level if level < b.limit else b.limit
 
     def _apply(self, change: LimitChange) -> None:
         for cls in CLASS_ORDER:
