@@ -108,6 +108,7 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "cuts_below_seed": {str(k): list(v) for k, v in state.cuts_below_seed.items()},
         "observed": _classes(state.observed),
         "observed_at": state.observed_at,
+        "last_stated": _classes(state.last_stated),
         "at_ceiling_since": _classes(state.at_ceiling_since),
         "at_ceiling_used_s": _classes(state.at_ceiling_used_s),
         "share_rebased_at": _classes(state.share_rebased_at),
@@ -215,6 +216,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
             "last_429_at",
             "last_cut_at",
             "observed",
+            "last_stated",  # absent in states saved before it was kept: {} (observed stands in)
             "at_ceiling_since",  # absent in states saved before rule 7: {}
             "at_ceiling_used_s",  # absent in states saved before rule 7's proof: {}
             "share_rebased_at",  # absent in states saved before the share-loop check: {}
@@ -263,6 +265,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         cuts_below_seed={k: tuple(float(x) for x in v) for k, v in cuts.items()},
         observed={k: float(v) for k, v in maps["observed"].items()},
         observed_at=None if observed_at is None else float(observed_at),
+        last_stated={k: float(v) for k, v in maps["last_stated"].items()},
         at_ceiling_since={k: float(v) for k, v in maps["at_ceiling_since"].items()},
         at_ceiling_used_s={k: float(v) for k, v in maps["at_ceiling_used_s"].items()},
         unknown_samples=samples,

@@ -76,7 +76,7 @@ def apply_headers(
     raised = [
         cls
         for cls, cap in caps.items()
-        if (stated := state.observed.get(cls)) is not None
+        if (stated := state.last_stated.get(cls, state.observed.get(cls))) is not None
         and cap > stated
         and cls in state.last_429_level
     ]
@@ -86,6 +86,23 @@ def apply_headers(
         # limit the provider has just stated)
         state = state.keeping_429_memory(lambda k: k not in raised)
         notes.extend(f"{cls}: stated limit raised: its 429 memory is dropped" for cls in raised)
+    lowered = [
+        cls
+        for cls, cap in caps.items()
+        if (stated := state.last_stated.get(cls, state.observed.get(cls))) is not None
+        and cap < stated
+        and cls in state.cuts_below_seed
+    ]
+    if lowered:
+        # the stated limit is the seed now: cuts below the old one say nothing of it (else a
+        # 429 that states the lowered limit re-bases the seed to a cut below what it states),
+        # and re-probes that confirmed the old limit do not make the new one steady (else its
+        # 429 level is held for their doubled memory, and a raise back is found that late)
+        state = replace(
+            state,
+            cuts_below_seed={k: v for k, v in state.cuts_below_seed.items() if k not in lowered},
+            level_memory_s={k: v for k, v in state.level_memory_s.items() if k not in lowered},
+        )
     seed, budgets = state.seed, state.budgets
     for cls, cap in caps.items():
         previous = seed.get(cls)
@@ -121,6 +138,7 @@ def apply_headers(
             proven_rate={k: v for k, v in state.proven_rate.items() if k not in caps},
             observed=dict(caps),
             observed_at=now,
+            last_stated={**state.last_stated, **caps},
         ),
         notes,
     )

@@ -211,6 +211,10 @@ class BudgetState:
     cuts_below_seed: Mapping[BudgetClass, tuple[float, ...]] = field(default_factory=dict)
     observed: Mapping[BudgetClass, float] = field(default_factory=dict)  # header limits /s
     observed_at: float | None = None
+    # the limit each class was last stated at (/s), by whichever header or 429 message stated
+    # it: ``observed`` holds only the latest header's classes, and OpenAI states its output
+    # limit only in a 429's message, so the next success forgets it there
+    last_stated: Mapping[BudgetClass, float] = field(default_factory=dict)
     # since when each class has stood clean and used at max_over_seed x its seed (rule 7)
     at_ceiling_since: Mapping[BudgetClass, float] = field(default_factory=dict)
     # seconds of its level the provider accepted since then (rule 7's proof of the seed)

@@ -182,6 +182,69 @@ def test_a_lapsed_limit_stated_again_by_a_429_caps_the_budget_again() -> None:
     assert OUT not in lapsed.hard_caps
 
 
+def _with_headers(
+    s: BudgetState, t: float, until: float, headers: dict[LimitType, float]
+) -> tuple[BudgetState, float]:
+    """Clean windows of 15 s from ``t`` until ``until``, each with these success headers."""
+    while t < until:
+        t += 15.0
+        s, _ = window(s, t, observed_limits=headers)
+    return s, t
+
+
+def _openai_like() -> BudgetState:
+    """A combined token class, no output seed: OpenAI, whose output limit only a 429 states."""
+    seed = Budgets(calls_per_s=50, tokens_per_s=25_000, output_tokens_per_s=None,
+                   inflight_tokens=2e6)  # fmt: skip
+    return initial_state(seed, 0.0, cached_input_counts=False, token_class="combined")
+
+
+def test_a_limit_a_429_states_raised_drops_the_429_level_drawn_under_the_old_one() -> None:
+    """wide-353 of sim.generate_wide: OpenAI raised its output limit; the re-probe's 429 stated
+    the new limit in its message, but the success headers between had forgotten the old one
+    (they state requests and tokens only), so the raise went unseen. The re-probe was taken
+    for one confirming the old 429 level: the budget was held under the old limit, 0.8x the
+    stated one, for the doubled memory (80 minutes of 5,000 s)."""
+    headers = {LimitType.REQUESTS: 3_000.0, LimitType.TOKENS: 1_500_000.0}
+    s, _ = window(
+        _openai_like(), 15.0, LimitType.OUTPUT_TOKENS,
+        observed_limits={**headers, LimitType.OUTPUT_TOKENS: 60_000.0},  # 1,000/s
+    )  # fmt: skip
+    s, t = _with_headers(s, 15.0, 15.0 + 2 * CFG.memory_s, headers)  # cap and 429 level lapse
+    assert OUT not in s.hard_caps and OUT not in s.observed
+    probe = s.budgets.output_tokens_per_s
+    assert probe is not None and 1_000.0 < probe <= 1_000.0 * CFG.reprobe_same
+    raised = {**headers, LimitType.OUTPUT_TOKENS: 84_000.0}  # 1,400/s: the limit was raised
+    s, a = window(s, t + 15.0, LimitType.OUTPUT_TOKENS, observed_limits=raised)
+    assert any("stated limit raised" in n for n in a.notes)
+    assert s.last_429_level[OUT] == pytest.approx(probe)  # drawn where the re-probe was
+    s, _ = _with_headers(s, t + 15.0, t + 15.0 + 600.0, headers)
+    assert s.budgets.output_tokens_per_s == pytest.approx(1_400.0)  # back up to the new limit
+
+
+def test_a_429_stating_a_lowered_limit_starts_that_limit_afresh() -> None:
+    """wide-300 and wide-239 of sim.generate_wide: OpenAI's output limit dropped and came back.
+    The 429 that stated the lowered limit counted as a second cut below the seed with the cut
+    under the old limit, and re-based the seed to 0.75x the limit it stated; and the memory
+    its re-probes had doubled held the new, lower 429 level twice as long, so the raise back
+    was found 40 minutes after the drop, not 20."""
+    headers = {LimitType.REQUESTS: 3_000.0, LimitType.TOKENS: 1_500_000.0}
+    old = {**headers, LimitType.OUTPUT_TOKENS: 60_000.0}  # 1,000/s
+    s, _ = window(_openai_like(), 15.0, LimitType.OUTPUT_TOKENS, observed_limits=old)
+    s, t = _with_headers(s, 15.0, 15.0 + 2 * CFG.memory_s, headers)
+    s, _ = window(s, t + 15.0, LimitType.OUTPUT_TOKENS, observed_limits=old)  # a re-probe
+    assert s.level_memory_s[OUT] == pytest.approx(2 * CFG.memory_s)  # confirmed: doubled
+    assert s.cuts_below_seed[OUT]  # the cut went below the stated limit, the seed
+    t += 15.0 + 300.0  # the limit drops to 600/s; the next 429 states it
+    lowered = {**headers, LimitType.OUTPUT_TOKENS: 36_000.0}
+    s, a = window(s, t, LimitType.OUTPUT_TOKENS, observed_limits=lowered)
+    assert OUT in a.cut and not a.rebased
+    assert s.seed.output_tokens_per_s == pytest.approx(600.0)  # the stated limit, not a cut
+    assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(CFG.memory_s)
+    s, t = _with_headers(s, t, t + CFG.memory_s + 30.0, headers)
+    assert OUT not in s.hard_caps  # lapsed after memory_s: a raise back is looked for
+
+
 def test_unknown_429_cuts_every_budget() -> None:
     s, a = window(fresh(), 15.0, LimitType.UNKNOWN)
     assert set(a.cut) == set(BudgetClass)

@@ -39,6 +39,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         hard_caps={BudgetClass.REQUESTS: 8.0},
         observed={BudgetClass.REQUESTS: 8.0},
         observed_at=99.0,
+        last_stated={BudgetClass.REQUESTS: 8.0, BudgetClass.OUTPUT_TOKENS: 900.0},
         at_ceiling_since={BudgetClass.INFLIGHT: 97.0},
         at_ceiling_used_s={BudgetClass.INFLIGHT: 2.5},
         unknown_samples=((98.0, {BudgetClass.TOKENS: 21_000.0, BudgetClass.REQUESTS: 7.5}),),
@@ -58,6 +59,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         "level_memory_s",
         "rebase_up_streak",
         "proven_rate",
+        "last_stated",
     ):
         del old[key]
     assert pacer_state.state_from_json(old, source="t") == state
