@@ -70,6 +70,7 @@ from gateway.wire import (
     usage_from_body,
 )
 from ledger.db import session_factory
+from ledger.models import CLIENT_CLOSED, SERVED_STATUSES
 from ledger.pauses import is_paused
 from planner.classify import LimitType, classify, parse_rate_limit_headers
 from planner.pacer import CallUsage as PacerUsage
@@ -78,6 +79,21 @@ log = logging.getLogger(__name__)
 
 RETRYABLE = (429, 503, 529)
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+
+
+class RelayedStream(StreamingResponse):
+    """A relayed stream that calls ``on_end`` however the response ends: sent in full, failed,
+    or cancelled by the harness hanging up (even before the body's first chunk)."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, on_end: Callable[[], None], **kw: Any):
+        super().__init__(content, **kw)
+        self._on_end = on_end
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_end()
 
 
 class Gateway:
@@ -373,9 +389,17 @@ class Gateway:
     def _stream(self, upstream: httpx.Response, call: Call, started: float) -> Response:
         gateway = self
 
+        def finish(status: int) -> None:
+            # synchronous, and once (``_settle_now`` is idempotent): it runs first in the relay's
+            # ``finally``, where a cancelled relay's next ``await`` may raise again
+            if call.settled:
+                return
+            cost = gateway.book.record(call, status, time.monotonic() - started, None)
+            gateway._settle_now(call, settled_cost=cost if status in SERVED_STATUSES else 0)
+
         async def relay() -> AsyncIterator[bytes]:
             buffer = b""
-            status = 200
+            status = CLIENT_CLOSED  # until the provider's stream has been relayed to its end
             try:
                 async for chunk in upstream.aiter_raw():
                     yield chunk
@@ -387,20 +411,31 @@ class Gateway:
                                 usage_from_body(call.flavour, json.loads(line[5:]), call.usage)
                             except ValueError:
                                 continue
+                status = 200
             except httpx.HTTPError:
                 status = 502
                 raise
             finally:
+                finish(status)
                 await upstream.aclose()
-                cost = gateway.book.record(call, status, time.monotonic() - started, None)
-                gateway._settle_now(call, settled_cost=cost if status == 200 else 0)
+
+        def abandoned() -> None:
+            # the response ended without the relay's ``finally`` having run: the harness went
+            # away before its first chunk (a generator never started runs no ``finally``)
+            if call.settled:
+                return
+            finish(CLIENT_CLOSED)
+            task = asyncio.get_running_loop().create_task(upstream.aclose())
+            gateway._settling.add(task)
+            task.add_done_callback(gateway._settling.discard)
 
         headers = passthrough_headers(upstream.headers)
         self.book.observe(call, upstream, LimitType.NONE, None, None)
         self.book.note_outcome(call, rejected=False)
         self._sync_pacer(call, upstream)
-        return StreamingResponse(
+        return RelayedStream(
             relay(),
+            on_end=abandoned,
             status_code=200,
             headers=headers,
             media_type=upstream.headers.get("content-type", "text/event-stream"),

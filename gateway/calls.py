@@ -29,6 +29,7 @@ from gateway.pacing import CallEstimate, Permit
 from gateway.recorder import CallRecorder, Observation
 from gateway.spend import Reservation
 from gateway.wire import CallUsage, passthrough_headers
+from ledger.models import SERVED_STATUSES
 from planner.classify import LimitType
 
 __all__ = ["Call", "CallBook"]
@@ -162,8 +163,9 @@ class CallBook:
         return now - first
 
     def record(self, call: Call, status: int, latency_s: float, limit: str | None) -> int:
-        """Queue the attempt's ``llm_calls`` row (usage and cost of a 200 only); its cost."""
-        usage = call.usage if status == 200 else CallUsage()
+        """Queue the attempt's ``llm_calls`` row (usage and cost of a 200, or of the part of a
+        stream relayed before the harness hung up, only); its cost."""
+        usage = call.usage if status in SERVED_STATUSES else CallUsage()
         cost = call.alias.prices.cost_micro_usd(usage.uncached, usage.input_cached, usage.output)
         self._recorder.record(
             {

@@ -20,7 +20,7 @@ from datetime import datetime
 from sqlalchemy import Connection, func, select
 
 from ledger.clock import as_utc
-from ledger.models import COMPLETE_BEFORE_KEY, AliasObservation, LlmCall
+from ledger.models import COMPLETE_BEFORE_KEY, SERVED_STATUSES, AliasObservation, LlmCall
 from ledger.pacer_window import stated_limits, stated_remaining
 from planner.budget_state import BudgetClass, TokenClass
 from planner.budgets import header_classes
@@ -71,7 +71,7 @@ def sent_between(
             func.coalesce(func.sum(LlmCall.cached_input_tokens), 0),
         ).where(
             LlmCall.alias == alias,
-            LlmCall.status == 200,
+            LlmCall.status.in_(SERVED_STATUSES),
             LlmCall.requested_at >= start,
             LlmCall.requested_at < end,
         )

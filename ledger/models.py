@@ -115,6 +115,14 @@ class Job(Base):
     enqueued_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
 
+CLIENT_CLOSED = 499
+"""``LlmCall.status`` of a streamed answer the harness stopped reading before its end (the
+nginx convention): the provider served it, and the tokens it streamed until then count
+against its limits and are paid for; a curve refit leaves it out (its call was cut short)."""
+SERVED_STATUSES = (200, CLIENT_CLOSED)
+"""``LlmCall.status`` values of calls the provider served: what it accepted and charged."""
+
+
 class LlmCall(Base):
     """One row per gateway call (retries included): the raw material of the curve refit."""
 

@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from ledger.clock import as_utc
-from ledger.models import THROTTLE_LIMITS_KEY, AliasObservation, LlmCall
+from ledger.models import SERVED_STATUSES, THROTTLE_LIMITS_KEY, AliasObservation, LlmCall
 from planner.budgets import BudgetClass, Budgets, TokenClass
 from planner.classify import LimitType
 
@@ -109,8 +109,8 @@ def accepted_rates(
     token_class: TokenClass,
     cached_input_counts: bool,
 ) -> dict[BudgetClass, float]:
-    """What the provider accepted for ``alias`` between ``since`` and ``until`` (successful
-    calls requested then), per budget class, per second: the measurement a repeated 429 cut
+    """What the provider accepted for ``alias`` between ``since`` and ``until`` (the calls it
+    served, ``SERVED_STATUSES``, requested then), per budget class, per second: the measurement a repeated 429 cut
     reads (``WindowObservation.delivered``)."""
     span = (until - since).total_seconds()
     if span <= 0:
@@ -123,7 +123,7 @@ def accepted_rates(
             func.coalesce(func.sum(LlmCall.output_tokens), zero),
         ).where(
             LlmCall.alias == alias,
-            LlmCall.status == 200,
+            LlmCall.status.in_(SERVED_STATUSES),
             LlmCall.requested_at >= since,
             LlmCall.requested_at <= until,
         )
@@ -144,7 +144,7 @@ def read_window(
     cached_input_counts: bool,
 ) -> WindowCalls:
     """Aggregate the alias's ``llm_calls`` with id > ``after_id``."""
-    ok = LlmCall.status == 200
+    ok = LlmCall.status.in_(SERVED_STATUSES)
     counted = _counted_tokens(token_class, cached_input_counts)
     zero = 0
 
@@ -165,7 +165,7 @@ def read_window(
     ).one()
     errors = conn.execute(
         select(LlmCall.status, LlmCall.limit_type, LlmCall.run_id, LlmCall.retry, func.count())
-        .where(*base, LlmCall.status != 200)
+        .where(*base, LlmCall.status.not_in(SERVED_STATUSES))
         .group_by(LlmCall.status, LlmCall.limit_type, LlmCall.run_id, LlmCall.retry)
     ).all()
     throttles: list[LimitType] = []

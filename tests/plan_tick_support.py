@@ -17,7 +17,7 @@ from sqlalchemy import Engine, insert
 from evalfleet.settings import get_settings
 from ledger import pacer_state
 from ledger.db import make_engine
-from ledger.models import AliasObservation, InstanceResult, Job, LlmCall, Run
+from ledger.models import SERVED_STATUSES, AliasObservation, InstanceResult, Job, LlmCall, Run
 from planner.curves import DEFAULT_HARNESS
 from tasks import ledger_io
 from tests.pg_support import sibling_database
@@ -139,8 +139,8 @@ def add_calls(
                     "run_id": run_id,
                     "alias": ALIAS,
                     "requested_at": at,
-                    "input_tokens": tokens if status == 200 else 0,
-                    "output_tokens": 100 if status == 200 else 0,
+                    "input_tokens": tokens if status in SERVED_STATUSES else 0,
+                    "output_tokens": 100 if status in SERVED_STATUSES else 0,
                     "status": status,
                     "limit_type": limit_type,
                     "latency_s": 1.0,

@@ -9,6 +9,8 @@ import pytest
 from sqlalchemy import Engine
 
 from ledger import pacer_window
+from ledger.models import CLIENT_CLOSED
+from planner.budgets import BudgetClass
 from planner.classify import LimitType
 from tests import plan_tick_support
 from tests.plan_tick_support import ALIAS, add_calls
@@ -49,3 +51,17 @@ def test_retried_overloads_and_spend_errors_still_count(plan_ledger: Engine) -> 
 
     assert window.overloads == 2 and window.spend_errors == 1
     assert window.throttles == ()
+
+
+def test_a_stream_the_harness_abandoned_counts_as_served(plan_ledger: Engine) -> None:
+    """A 499 (the harness hung up mid-stream) was served: its tokens count against the limits,
+    and it is neither a throttle nor an error."""
+    add_calls(plan_ledger, 3)
+    add_calls(plan_ledger, 2, status=CLIENT_CLOSED)
+
+    window = _window(plan_ledger)
+
+    assert window.calls == 5 and window.answered == 5
+    assert window.usage[BudgetClass.TOKENS] == 5 * 1000.0
+    assert window.usage[BudgetClass.OUTPUT_TOKENS] == 5 * 100.0
+    assert window.throttles == () and window.overloads == 0 and window.spend_errors == 0
