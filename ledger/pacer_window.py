@@ -110,8 +110,8 @@ def accepted_rates(
     cached_input_counts: bool,
 ) -> dict[BudgetClass, float]:
     """What the provider accepted for ``alias`` between ``since`` and ``until`` (the calls it
-    served, ``SERVED_STATUSES``, requested then), per budget class, per second: the measurement a repeated 429 cut
-    reads (``WindowObservation.delivered``)."""
+    served, ``SERVED_STATUSES``, requested then), per budget class, per second: the
+    measurement a repeated 429 cut reads (``WindowObservation.delivered``)."""
     span = (until - since).total_seconds()
     if span <= 0:
         return {}

@@ -91,7 +91,6 @@ def apply_headers(
         for cls, cap in caps.items()
         if (stated := state.last_stated.get(cls, state.observed.get(cls))) is not None
         and cap < stated
-        and cls in state.cuts_below_seed
     ]
     if lowered:
         # the stated limit is the seed now: cuts below the old one say nothing of it (else a

@@ -16,7 +16,9 @@ Rules, in the order ``step`` applies them:
    ``seed_source="headers"``, ``seeded_at=now``). A limit stated for the first time (or changed)
    takes the budget up to it at once, not +5% per window from a low or stale seed — except
    above ``(1 - probe_margin)`` x a level that drew a 429 within ``memory_s``; a limit stated
-   higher than before drops the class's 429 memory (drawn under the old limit). A limit not
+   higher than before (by any header or 429 message: ``last_stated``) drops the class's 429
+   memory (drawn under the old limit), and one stated lower drops the cuts below the old seed
+   and the memory its re-probes doubled (they were the old limit's). A limit not
    stated again within ``stated_cap_memory_s`` is no longer a hard cap (one a 429's message
    stated, never restated by success headers, would cap the budget for good, past a raise).
 2. Stale seed (``now - seeded_at > stale_after_s``): re-seed from the latest header limits seen
