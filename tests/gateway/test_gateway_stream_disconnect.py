@@ -1,10 +1,11 @@
 """A harness that goes away in the middle of a streamed answer: the call is still settled.
 
 An agent killed by its timeout, or a harness process that dies, closes its connection while
-the gateway relays the provider's stream. The relay is then cancelled where it waits for the
-provider's next chunk; the call must still give back its pacer admission (its in-flight tokens),
-settle its spend reservation and leave an ``llm_calls`` row, or each such call leaks budget
-until the gateway restarts.
+the gateway relays the provider's stream. The call must still give back its pacer admission
+(its in-flight tokens), settle its spend reservation at the tokens streamed until then, and
+leave an ``llm_calls`` row that says the answer was cut short (499, not a 200 a curve refit
+would take for a whole call), however early the harness hung up: a relay generator that never
+started runs no ``finally``.
 """
 
 from __future__ import annotations
