@@ -73,12 +73,17 @@ def apply_headers(
     if not caps:
         return state, []
     notes: list[str] = []
+    # what each class was stated at before, by any header or 429 message (a state saved before
+    # ``last_stated`` was kept has only the latest header's)
+    before = {
+        cls: stated
+        for cls in caps
+        if (stated := state.last_stated.get(cls, state.observed.get(cls))) is not None
+    }
     raised = [
         cls
         for cls, cap in caps.items()
-        if (stated := state.last_stated.get(cls, state.observed.get(cls))) is not None
-        and cap > stated
-        and cls in state.last_429_level
+        if cls in before and cap > before[cls] and cls in state.last_429_level
     ]
     if raised:
         # the provider raised a limit it states: a 429 level drawn under the old one says
@@ -86,12 +91,7 @@ def apply_headers(
         # limit the provider has just stated)
         state = state.keeping_429_memory(lambda k: k not in raised)
         notes.extend(f"{cls}: stated limit raised: its 429 memory is dropped" for cls in raised)
-    lowered = [
-        cls
-        for cls, cap in caps.items()
-        if (stated := state.last_stated.get(cls, state.observed.get(cls))) is not None
-        and cap < stated
-    ]
+    lowered = [cls for cls, cap in caps.items() if cls in before and cap < before[cls]]
     if lowered:
         # the stated limit is the seed now: cuts below the old one say nothing of it (else a
         # 429 that states the lowered limit re-bases the seed to a cut below what it states),
