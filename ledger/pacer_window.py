@@ -5,6 +5,8 @@
   runs they hit), the counted usage of each budget class, the pacer wait — as
   ``WindowCalls``; ``latest_call_id`` starts the watermark;
 * ``accepted_rates``: what the provider accepted over a time span (a repeated cut's measure);
+* ``drained_rates``: how fast the provider's bucket of each class was drained up to a time
+  (``planner.drain``: the blame of a 429 that names no limit);
 * ``fresh_header_limits``: the provider's latest stated limits when they were observed after the
   previous tick (an old observation must not keep a stale seed looking fresh);
   ``stated_limits`` / ``stated_remaining`` read such stored limits back.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, func, select
@@ -33,10 +35,12 @@ from ledger.clock import as_utc
 from ledger.models import SERVED_STATUSES, THROTTLE_LIMITS_KEY, AliasObservation, LlmCall
 from planner.budgets import BudgetClass, Budgets, TokenClass
 from planner.classify import LimitType
+from planner.drain import LOOKBACK_S, drained_rate
 
 __all__ = [
     "WindowCalls",
     "accepted_rates",
+    "drained_rates",
     "fresh_header_limits",
     "latest_call_id",
     "read_window",
@@ -133,6 +137,47 @@ def accepted_rates(
         BudgetClass.TOKENS: float(row[1]) / span,
         BudgetClass.OUTPUT_TOKENS: float(row[2]) / span,
     }
+
+
+def drained_rates(
+    conn: Connection,
+    alias: str,
+    until: datetime,
+    *,
+    token_class: TokenClass,
+    cached_input_counts: bool,
+) -> dict[BudgetClass, float]:
+    """Per budget class, how fast the provider's per-minute bucket was drained up to ``until``
+    (``planner.drain.drained_rate``) by the calls it served (``SERVED_STATUSES``) of those
+    requested over the ``planner.drain.LOOKBACK_S`` before it. Rejected calls are left out:
+    what a rejection costs the request bucket is the provider's business, and counted as a
+    whole request each, a storm's rejections read as a drain faster than the limit for the
+    whole lookback."""
+    since = until - timedelta(seconds=LOOKBACK_S)
+    rows = conn.execute(
+        select(
+            LlmCall.requested_at,
+            _counted_tokens(token_class, cached_input_counts),
+            LlmCall.output_tokens,
+        ).where(
+            LlmCall.alias == alias,
+            LlmCall.requested_at >= since,
+            LlmCall.requested_at <= until,
+            LlmCall.status.in_(SERVED_STATUSES),
+        )
+    ).all()
+    end = as_utc(until).timestamp()
+    events: dict[BudgetClass, list[tuple[float, float]]] = {
+        BudgetClass.REQUESTS: [],
+        BudgetClass.TOKENS: [],
+        BudgetClass.OUTPUT_TOKENS: [],
+    }
+    for requested_at, counted, output in rows:
+        at = as_utc(requested_at).timestamp()
+        events[BudgetClass.REQUESTS].append((at, 1.0))
+        events[BudgetClass.TOKENS].append((at, float(counted or 0)))
+        events[BudgetClass.OUTPUT_TOKENS].append((at, float(output or 0)))
+    return {cls: drained_rate(evs, end) for cls, evs in events.items()}
 
 
 def read_window(

@@ -5,8 +5,10 @@ the level of the class it blames. A 429 that names its limit (headers, ``error.t
 Anthropic message) blames that class. One that does not (``LimitType.UNKNOWN``: providers
 without rate-limit headers) cuts every class, and the blame is inferred from what the provider
 accepted: at first the class used most relative to its budget, and once a few such 429s have
-been measured only among the classes whose accepted rate held steady across them. Pure: the
-clock is an argument; no I/O.
+been measured only among the classes whose accepted rate held steady across them. What it
+accepted is read as how fast each per-minute bucket was drained (``planner.drain``), which at
+a 429 is the limit hit, where the gateway gives it; else as the rate over the last cooldown.
+Pure: the clock is an argument; no I/O.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from planner.classify import LimitType
 __all__ = [
     "blamed_classes",
     "classes_hit",
+    "drained_steadiness_overrules",
     "forget_others",
     "named_classes",
     "pressed_classes",
+    "sample_spreads",
     "steadiest",
     "steady_overrides_share",
 ]
@@ -92,9 +96,10 @@ def steadiest(
     budget used cannot tell: a class blamed and cut becomes the most used relative to its
     budget, so a wrong blame feeds itself (a token limit's 429s cut the output budget to a
     sixth of the provider's output limit). Steady: a spread of log rates over the last
-    ``blame_samples`` unknown 429s within ``memory_max_s`` at most 1 / ``blame_spread_ratio`` x
-    the smallest (classes tied with the steadiest stay in, e.g. output that moves with calls);
-    empty before ``blame_min_samples``, or when every class is as steady."""
+    ``blame_samples`` unknown 429s within ``memory_max_s`` (at least ``blame_spread_floor``:
+    below it, noise) at most 1 / ``blame_spread_ratio`` x the smallest (classes tied with the
+    steadiest stay in, e.g. output that moves with calls); empty before ``blame_min_samples``,
+    or when every class is as steady."""
     if config.blame_samples == 0:
         return state, frozenset()
     rates = {c: v for c, v in delivered.items() if c in state.budgets.classes() and v > 0}
@@ -106,17 +111,54 @@ def steadiest(
     state = replace(state, unknown_samples=tuple(samples))
     if len(samples) < config.blame_min_samples:
         return state, frozenset()
-    spreads: dict[BudgetClass, float] = {}
-    for cls in samples[-1][1]:
-        logs = [math.log(r[cls]) for _, r in samples if r.get(cls, 0.0) > 0]
-        if len(logs) == len(samples):
-            mean = sum(logs) / len(logs)
-            spreads[cls] = math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
+    spreads = {c: max(v, config.blame_spread_floor) for c, v in sample_spreads(state).items()}
     low = min(spreads.values(), default=0.0)
     steady = frozenset(c for c, v in spreads.items() if v * config.blame_spread_ratio <= low)
     if len(spreads) < 2 or steady == frozenset(spreads):
         return state, frozenset()
     return state, steady
+
+
+def sample_spreads(state: BudgetState) -> dict[BudgetClass, float]:
+    """Per class, the spread (standard deviation) of the log rates accepted across the kept
+    unknown-429 samples (``BudgetState.unknown_samples``), for the classes measured in all."""
+    samples = state.unknown_samples
+    spreads: dict[BudgetClass, float] = {}
+    if not samples:
+        return spreads
+    for cls in samples[-1][1]:
+        logs = [math.log(r[cls]) for _, r in samples if r.get(cls, 0.0) > 0]
+        if len(logs) == len(samples):
+            mean = sum(logs) / len(logs)
+            spreads[cls] = math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
+    return spreads
+
+
+def drained_steadiness_overrules(
+    state: BudgetState,
+    throttles: Sequence[tuple[LimitType, float | None]],
+    delivered: Mapping[BudgetClass, float] | None,
+    steady: frozenset[BudgetClass],
+    config: ControllerConfig,
+) -> bool:
+    """Whether steadiness measured on drained rates (``planner.drain``) overrules the share
+    rule outright: when every class the share rule would blame instead moved across the
+    samples by at least ``blame_overrule_ratio`` x the steadiest class's spread. At a 429 the
+    drained rate of the class hit is its limit; a class the share rule keeps blaming and
+    cutting then drains ever less (random-1121: output 1,033 down to 450 tokens/s across the
+    429s of a token limit drained at 69-75k/s, within 3%). A class merely as steady is as
+    likely the fleet's steady demand (calls/s of a fleet an output limit holds still:
+    random-413), and there the share rule's guard stands (``steady_overrides_share``)."""
+    if not steady:
+        return False
+    share_blamed = pressed_classes(state, throttles, delivered) - steady
+    spreads = {c: max(v, config.blame_spread_floor) for c, v in sample_spreads(state).items()}
+    low = min((spreads[c] for c in steady if c in spreads), default=None)
+    if low is None or not share_blamed:
+        return False
+    return all(
+        c in spreads and spreads[c] >= config.blame_overrule_ratio * low for c in share_blamed
+    )
 
 
 def steady_overrides_share(
@@ -130,6 +172,8 @@ def steady_overrides_share(
     """``steady`` when it may narrow the blame of an unknown 429 (and drop the other classes'
     429 memory), else empty: when the class used most relative to its budget (the share
     rule's blame) is one of them, or when the share rule is in the loop it falls into.
+    Measured on drained rates (``planner.drain``) it also stands where
+    ``drained_steadiness_overrules`` says (``planner.budgets.step``).
 
     The loop: a class the share rule blamed and cut below its seed is then used most relative
     to its (cut) budget, and is blamed again; two such cuts re-base its seed down before any

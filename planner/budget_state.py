@@ -147,6 +147,13 @@ class ControllerConfig:
     blame_samples: int = 6
     blame_min_samples: int = 3
     blame_spread_ratio: float = 0.7
+    # steadiness on drained rates overrules the share rule where the class it would blame
+    # moved at least this many times as much as the steadiest [1, 100] (planner.blame; 1:
+    # wherever that class is not itself among the steady ones)
+    blame_overrule_ratio: float = 1.0
+    # spreads of log rates below this are one: noise, not a sign of which class is the limit
+    # [0, 0.5] (a limit drained within 0.5% and a fleet's steady calls/s within 1% are tied)
+    blame_spread_floor: float = 0.03
     cut_to_seed: bool = True  # a 429 above the seed cuts to the seed at least
 
     def __post_init__(self) -> None:
@@ -179,6 +186,8 @@ class ControllerConfig:
         _bounded("blame_samples", self.blame_samples, 0, 50, p)
         _bounded("blame_min_samples", self.blame_min_samples, 2, 50, p)
         _bounded("blame_spread_ratio", self.blame_spread_ratio, 0.0, 1.0, p)
+        _bounded("blame_overrule_ratio", self.blame_overrule_ratio, 1.0, 100.0, p)
+        _bounded("blame_spread_floor", self.blame_spread_floor, 0.0, 0.5, p)
         if p:
             raise ConfigError("controller config", p)
 
@@ -313,8 +322,12 @@ class WindowObservation:
     ``answered``: how many of the window's calls the provider answered (successes; the launch
     ramp, ``BudgetState.ramping``, lasts until the first).
     ``delivered``: per class, the rate the provider accepted (successful calls, their counted
-    tokens, their output tokens; per second) over the last ``cooldown_s``; read only by a
+    tokens, their output tokens; per second) over the last ``cooldown_s``; read by a
     repeated cut (rule 4). None: cuts are by ``cut`` alone.
+    ``drained``: per class, how fast the provider's per-minute bucket was drained
+    (``planner.drain``); what the blame of a 429 of an unknown limit reads (``planner.blame``),
+    ``delivered`` standing in where it is None: at a 429 it is the limit hit, where the rate
+    over the last cooldown is whatever burst a full bucket let through.
     """
 
     now: float
@@ -324,6 +337,7 @@ class WindowObservation:
     observed_limits: Mapping[LimitType, float] | None = None
     utilisation: Mapping[BudgetClass, float] | None = None
     delivered: Mapping[BudgetClass, float] | None = None
+    drained: Mapping[BudgetClass, float] | None = None
     answered: int = 0
 
 

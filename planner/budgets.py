@@ -55,7 +55,8 @@ Rules, in the order ``step`` applies them:
    steady limit is re-probed ever more rarely while one raised mid-run (no header says so) is
    found within 20 minutes. A 429 of an unknown limit draws the blame only on
    the class the provider accepted most of relative to its budget (when what it accepted was
-   measured): the other classes are cut too, but their levels stay allowed and the cut does
+   measured; read as how fast each bucket was drained, ``WindowObservation.drained``, where
+   the gateway says): the other classes are cut too, but their levels stay allowed and the cut does
    not count towards a re-base; and as that blame is a guess, the level it leaves caps growth
    for ``unchecked_memory_s`` (10 minutes) until a re-probe at about that level confirms it
    (a wrong guess held a token budget at half its limit for 20 minutes while the 429s were
@@ -66,7 +67,14 @@ Rules, in the order ``step`` applies them:
    other classes is dropped: without it a wrong blame feeds itself, as the class cut becomes
    the most used relative to its budget. The steadiness overrules the share only where the
    share rule is in that loop, or agrees (``planner.blame.steady_overrides_share``; a seed
-   rule 7 re-based up counts there only as far as it was proven, ``earned_seed``).
+   rule 7 re-based up counts there only as far as it was proven, ``earned_seed``), when the
+   rates are those over the last cooldown; read as drained rates (``planner.drain``), which
+   at a 429 are the limit hit and not a burst, the steadiness also overrules it where the
+   class it would blame moved ``blame_overrule_ratio`` x as much as the steadiest
+   (``planner.blame.drained_steadiness_overrules``: the share rule, read from the bursts, cut
+   an output budget to a fifth of its seed at every 429 of a token limit whose drained rate
+   held within 3%, random-1121). Spreads under ``blame_spread_floor`` are noise and count as
+   that floor (a fleet's calls/s held steady by an output limit are as steady as the limit).
 5. ``rebase_cuts`` cuts below the seed within ``rebase_period_s`` re-base that class's seed to
    the cut level (the provider's limit dropped): growth is then bounded by 1.5x the new seed and
    by ``(1 - probe_margin)`` x the last level that drew a 429, so it is not re-probed every few
@@ -104,6 +112,7 @@ from planner import budget_moves
 from planner.blame import (
     blamed_classes,
     classes_hit,
+    drained_steadiness_overrules,
     forget_others,
     named_classes,
     pressed_classes,
@@ -328,12 +337,19 @@ def step(
             hit.update(classes_hit(lt, state))
         steady: frozenset[BudgetClass] = frozenset()
         measured = False  # the accepted rates across unknown 429s single out classes
-        if obs.delivered and any(lt is LimitType.UNKNOWN for lt, _ in rate_throttles):
-            state, steady = steadiest(state, obs.delivered, now, config)
+        blame_rates = obs.drained or obs.delivered
+        if blame_rates and any(lt is LimitType.UNKNOWN for lt, _ in rate_throttles):
+            state, steady = steadiest(state, blame_rates, now, config)
             measured = bool(steady)
-            steady = steady_overrides_share(
-                state, rate_throttles, obs.delivered, steady, now, config
-            )
+            if not (
+                obs.drained
+                and drained_steadiness_overrules(
+                    state, rate_throttles, obs.delivered, steady, config
+                )
+            ):
+                steady = steady_overrides_share(
+                    state, rate_throttles, obs.delivered or blame_rates, steady, now, config
+                )
             if steady:
                 state = forget_others(state, steady, notes)
         pressed = pressed_classes(state, rate_throttles, obs.delivered, steady)

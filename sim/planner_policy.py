@@ -37,6 +37,7 @@ from planner.cache_counting import infer_cached_input_counts
 from planner.classify import Classification, LimitType
 from planner.curves import HarnessCurve, default_curve
 from planner.decision import Decision, Quantity
+from planner.drain import LOOKBACK_S, drained_rate
 from planner.fit import fit_curve
 from planner.pacer import (
     HOLD_AFTER_429_S,
@@ -71,6 +72,9 @@ _BUDGET_CLASS = {
 }
 HeadersNow = Callable[[float], Classification | None]
 FIT_SAMPLE_INSTANCES = 400
+# responses arrive out of request order by up to a call's latency: the drain events older than
+# the lookback by this much are trimmed
+DRAIN_TRIM_SLACK_S = 120.0
 
 
 def scenario_curve(scenario: Scenario) -> HarnessCurve:
@@ -236,9 +240,19 @@ class PlannerPolicy:
         self._base = base.tolist()
         self._cached = workload.cached.tolist()
         self.charges = ChargeTracker()
-        self._pacer_gate.on_admit = lambda now, call: self.charges.admitted(
-            call, now, self._base[call], self._cached[call]
-        )
+        self._admit_at: dict[int, float] = {}
+        # (requested at, amount) of what the provider accepted of each class over the last
+        # drain.LOOKBACK_S: the blame's drained rates
+        self._drain_events: dict[BudgetClass, deque[tuple[float, float]]] = {
+            c: deque()
+            for c in (BudgetClass.REQUESTS, BudgetClass.TOKENS, BudgetClass.OUTPUT_TOKENS)
+        }
+
+        def _on_admit(now: float, call: int) -> None:
+            self._admit_at[call] = now
+            self.charges.admitted(call, now, self._base[call], self._cached[call])
+
+        self._pacer_gate.on_admit = _on_admit
         self._rejected: set[int] = set()  # calls that drew a 429 (their retries' add nothing)
         self.recounted: list[tuple[float, bool]] = []  # (when, cache reads count) on each flip
 
@@ -251,6 +265,10 @@ class PlannerPolicy:
 
     def on_response(self, now: float, call: int, classification: Classification | None) -> None:
         if classification is None:
+            at = self._admit_at.get(call, now)
+            self._drain_events[BudgetClass.REQUESTS].append((at, 1.0))
+            self._drain_events[BudgetClass.TOKENS].append((at, self._counted[call]))
+            self._drain_events[BudgetClass.OUTPUT_TOKENS].append((at, self._output[call]))
             self._answered += 1
             self._accepted.append((now, call))
             self.charges.sent(call, now, self._base[call], self._cached[call])
@@ -292,6 +310,7 @@ class PlannerPolicy:
                 throttles=(throttle,),
                 observed_limits=dict(classification.limits) if classification.limits else None,
                 delivered=self._delivered(now),
+                drained=self._drained(now),
             ),
             self.controller,
         )
@@ -307,6 +326,19 @@ class PlannerPolicy:
             ),
             now,
         )
+
+    def _drained(self, now: float) -> dict[BudgetClass, float]:
+        """Per budget class, how fast the provider's bucket was drained (``planner.drain``)."""
+        out: dict[BudgetClass, float] = {}
+        for cls, events in self._drain_events.items():
+            # appended at responses, so not quite in time order: trim with a call's latency
+            # of slack (drained_rate reads only what is within the lookback anyway)
+            while events and events[0][0] < now - LOOKBACK_S - DRAIN_TRIM_SLACK_S:
+                events.popleft()
+            if cls is BudgetClass.OUTPUT_TOKENS and self.state.budgets.output_tokens_per_s is None:
+                continue
+            out[cls] = drained_rate((e for e in events if e[0] >= now - LOOKBACK_S), now)
+        return out
 
     def _delivered(self, now: float) -> dict[BudgetClass, float]:
         """What the provider accepted over the last cooldown, per budget class, per second."""
@@ -404,6 +436,7 @@ class PlannerPolicy:
             observed_limits=observed,
             utilisation=usage.utilisation,
             delivered=self._delivered(now) if self._throttles else None,
+            drained=self._drained(now) if self._throttles else None,
             answered=self._answered,
         )
         self._throttles.clear()

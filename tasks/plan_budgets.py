@@ -335,6 +335,17 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
                 if window.throttles
                 else None
             )
+            drained = (
+                pacer_window.drained_rates(
+                    conn,
+                    name,
+                    now,
+                    token_class=state.token_class,
+                    cached_input_counts=state.cached_input_counts,
+                )
+                if LimitType.UNKNOWN in window.throttles
+                else None
+            )
         if headers and state.is_stale(now.timestamp()):
             state = _reseeded(state, headers)
         utilisation = window.utilisation(state.budgets, prior.window_s)
@@ -346,6 +357,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             observed_limits=headers,
             utilisation=utilisation,
             delivered=delivered,
+            drained=drained,
             answered=window.answered,
         )
         state, actions = step(state, obs, cfg)

@@ -96,14 +96,21 @@ def test_a_guessed_blame_is_remembered_briefly_a_named_one_for_the_full_memory()
 
 
 def _unknown_429s(
-    cfg: ControllerConfig, rates: list[dict[BudgetClass, float]], start: float = 15.0
+    cfg: ControllerConfig,
+    rates: list[dict[BudgetClass, float]],
+    start: float = 15.0,
+    drained: list[dict[BudgetClass, float]] | None = None,
 ) -> tuple[BudgetState, list[str]]:
-    """A 429 of an unknown limit every 120 s, the provider having accepted ``rates``."""
+    """A 429 of an unknown limit every 120 s, the provider having accepted ``rates`` over the
+    last cooldown (and drained its buckets at ``drained``, when given)."""
     s = fresh()
     notes: list[str] = []
     for i, accepted in enumerate(rates):
         obs = WindowObservation(
-            now=start + 120.0 * i, throttles=((LimitType.UNKNOWN, None),), delivered=accepted
+            now=start + 120.0 * i,
+            throttles=((LimitType.UNKNOWN, None),),
+            delivered=accepted,
+            drained=drained[i] if drained else None,
         )
         s, actions = step(s, obs, cfg)
         notes.extend(actions.notes)
@@ -127,6 +134,25 @@ def test_an_unknown_429s_blame_goes_to_the_class_accepted_steadily_not_the_cut_o
     assert any(n.startswith("output_tokens: unknown 429s hit the tokens limit") for n in notes)
     naive, _ = _unknown_429s(replace(CFG, blame_samples=0), rates)
     assert OUT in naive.last_429_level  # the highest share of its budget: blamed, remembered
+
+
+def test_an_unknown_429s_blame_reads_the_drained_buckets_not_the_bursts() -> None:
+    """A request limit of ~40 calls/s binds. After each quiet spell the provider's full bucket
+    lets a burst through, so the rates accepted over the last cooldown read 73, 49, 45 and 76
+    calls/s at its 429s, no steadier than the tokens (growing with the tasks' contexts). The
+    rate at which each bucket was drained (``planner.drain``) reads the request limit at each
+    429: requests are blamed. From the bursts alone the token budget takes the blame
+    (random-1439: its seed re-based to a third of the provider's token limit)."""
+    bursts = [{REQ: r, TOK: t, OUT: o} for r, t, o in [
+        (73.0, 19_000.0, 2_000.0), (49.0, 16_000.0, 1_900.0),
+        (45.0, 17_500.0, 1_800.0), (76.0, 26_000.0, 2_600.0)]]  # fmt: skip
+    drained = [{REQ: r, TOK: t, OUT: o} for r, t, o in [
+        (39.5, 14_000.0, 1_500.0), (40.0, 15_500.0, 1_450.0),
+        (39.8, 17_000.0, 1_600.0), (40.1, 19_000.0, 1_550.0)]]  # fmt: skip
+    s, _ = _unknown_429s(CFG, bursts, drained=drained)
+    assert set(s.last_429_level) == {REQ}
+    naive, _ = _unknown_429s(CFG, bursts)
+    assert TOK in naive.last_429_level
 
 
 def test_an_unknown_429s_blame_is_not_fooled_by_the_mix_of_calls() -> None:
@@ -173,6 +199,60 @@ def test_steady_rates_do_not_overrule_a_share_blame_pressed_above_its_seed() -> 
     assert not any("429 memory is dropped" in n for n in notes)
 
 
+def test_steady_drained_rates_overrule_a_share_blame_pressed_above_its_seed() -> None:
+    """The token limit binds, and the output budget, grown above its seed, is the one the
+    provider accepted most of relative to its budget at each unknown 429 (bursts after each
+    cut). Read as how fast each bucket was drained, tokens hold steady at the limit while
+    output falls with each cut of it: tokens are blamed, above the seed or not. Where only
+    the rates over the last cooldown are known, the share rule stands there, and output is
+    cut at every 429 (random-1121: the output budget cut to a fifth of its seed, ratio 1.23)."""
+    drained_tokens = [16_000.0, 16_300.0, 15_900.0, 16_100.0]
+    drained_outputs = [4_000.0, 3_500.0, 3_000.0, 2_600.0]
+
+    def run(with_drained: bool) -> BudgetState:
+        s, now = fresh(), 0.0
+        for tok, out in zip(drained_tokens, drained_outputs, strict=True):
+            for _ in range(40):  # clean windows: every budget grows back to its cap
+                now += 15.0
+                s, _ = step(s, WindowObservation(now=now), CFG)
+            now += 15.0
+            budgets = s.budgets
+            assert (budgets.output_tokens_per_s or 0.0) > (SEED.output_tokens_per_s or 0.0)
+            burst = {
+                REQ: 0.5 * budgets.calls_per_s,
+                TOK: 0.8 * budgets.tokens_per_s,
+                OUT: 1.1 * (budgets.output_tokens_per_s or 0.0),
+            }
+            drained = {REQ: out / 200.0, TOK: tok, OUT: out}  # calls move with output
+            obs = WindowObservation(
+                now=now,
+                throttles=((LimitType.UNKNOWN, None),),
+                delivered=burst,
+                drained=drained if with_drained else None,
+            )
+            s, _ = step(s, obs, CFG)
+        return s
+
+    assert TOK in run(with_drained=True).last_429_level
+    assert TOK not in run(with_drained=False).last_429_level
+
+
+def test_a_fleets_steady_calls_do_not_take_the_blame_from_a_limit_drained_as_steadily() -> None:
+    """An output limit binds and holds the fleet still: at its 429s the output bucket is
+    drained at its limit (within 1%) and the calls at a steady 2.6/s (within 0.5%). Spreads
+    that small are noise (``blame_spread_floor``): the two are tied, and the share rule blames
+    output, the class pressed against its budget. Without the floor the calls, a hair steadier,
+    take the blame and the request budget is cut to a quarter of its seed (random-413)."""
+    drained = [{REQ: r, TOK: t, OUT: o} for r, t, o in [
+        (2.60, 15_800.0, 3_899.0), (2.61, 16_800.0, 3_960.0),
+        (2.60, 18_300.0, 3_989.0), (2.61, 19_400.0, 3_996.0)]]  # fmt: skip
+    pressed = [{REQ: 0.2 * SEED.calls_per_s, TOK: 0.6 * SEED.tokens_per_s, OUT: 4_100.0}] * 4
+    s, _ = _unknown_429s(CFG, pressed, drained=drained)
+    assert OUT in s.last_429_level and REQ not in s.last_429_level
+    no_floor, _ = _unknown_429s(replace(CFG, blame_spread_floor=0.0), pressed, drained=drained)
+    assert REQ in no_floor.last_429_level
+
+
 def test_too_few_or_equally_steady_samples_keep_the_share_rule() -> None:
     """Before ``blame_min_samples`` unknown 429s, or when no class is clearly steadier, the
     blame stays on the class used most relative to its budget."""
@@ -214,4 +294,6 @@ def test_a_seed_re_based_up_counts_in_the_share_loop_only_as_far_as_it_was_prove
         return set(s.last_429_level)
 
     assert blamed(rebased) == {TOK}
-    assert blamed(replace(rebased, proven_rate={})) == {REQ}  # the seed taken at its word
+    # the seed taken at its word: a steady class (requests, or output as steady within the
+    # noise floor) takes the blame from the tokens
+    assert TOK not in blamed(replace(rebased, proven_rate={}))

@@ -5,6 +5,8 @@ error counts however often it comes."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import Engine
 
@@ -12,8 +14,9 @@ from ledger import pacer_window
 from ledger.models import CLIENT_CLOSED
 from planner.budgets import BudgetClass
 from planner.classify import LimitType
+from planner.drain import LOOKBACK_S
 from tests import plan_tick_support
-from tests.plan_tick_support import ALIAS, add_calls
+from tests.plan_tick_support import ALIAS, T0, add_calls
 
 pytestmark = pytest.mark.postgres
 
@@ -65,3 +68,21 @@ def test_a_stream_the_harness_abandoned_counts_as_served(plan_ledger: Engine) ->
     assert window.usage[BudgetClass.TOKENS] == 5 * 1000.0
     assert window.usage[BudgetClass.OUTPUT_TOKENS] == 5 * 100.0
     assert window.throttles == () and window.overloads == 0 and window.spend_errors == 0
+
+
+def test_the_drained_rates_read_what_was_served_over_the_lookback(plan_ledger: Engine) -> None:
+    """The blame's drained rates (``planner.drain``): the served calls requested within the
+    lookback before the tick, each class drained into a full one-minute bucket; rejections,
+    calls before the lookback and calls after the tick are left out."""
+    add_calls(plan_ledger, 30, at=T0 - timedelta(seconds=10))
+    add_calls(plan_ledger, 5, status=429, limit_type=None, at=T0 - timedelta(seconds=5))
+    add_calls(plan_ledger, 10, at=T0 - timedelta(seconds=LOOKBACK_S + 100))
+    add_calls(plan_ledger, 4, at=T0 + timedelta(seconds=5))
+    with plan_ledger.connect() as conn:
+        rates = pacer_window.drained_rates(
+            conn, ALIAS, T0, token_class="combined", cached_input_counts=False
+        )
+    span = 60.0 + 10.0  # a full bucket plus the 10 s since the first of them
+    assert rates[BudgetClass.REQUESTS] == pytest.approx(30 / span)
+    assert rates[BudgetClass.TOKENS] == pytest.approx(30 * (1000 + 100) / span)  # combined
+    assert rates[BudgetClass.OUTPUT_TOKENS] == pytest.approx(30 * 100 / span)

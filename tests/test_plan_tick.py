@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import Engine, Table, func, select
 from sqlalchemy.orm import Session
 
+from ledger import pacer_window
 from ledger.controls import control_session, set_ceiling_override
 from ledger.models import AuditLog, PauseFlag, Run
 from ledger.pacer_controls import set_pacer
@@ -310,3 +311,31 @@ def test_an_alias_shared_by_two_harnesses_is_sized_on_their_mix(plan_ledger: Eng
     # half the fleet asks for 3x the input tokens: the same budget holds fewer tasks
     assert light.binding.value == mixed.binding.value == "paced"
     assert mixed.target < light.target
+
+
+def test_an_unknown_429_is_blamed_on_the_drained_rates_the_ledger_gives(
+    plan_ledger: Engine,
+) -> None:
+    """A 429 that names no limit: the blame reads how fast each bucket was drained
+    (``ledger.pacer_window.drained_rates``), not the burst over the last cooldown, and keeps
+    them as the episode's sample for the steadiness rule."""
+    add_run(plan_ledger, running=3, queued=30)
+    plan.plan_tick(T0, False)
+    for i in range(30):
+        add_calls(plan_ledger, 1, at=T0 + timedelta(seconds=1 + i / 3), tokens=2_000)
+    add_calls(plan_ledger, 1, status=429, limit_type=None, at=T0 + timedelta(seconds=12))
+    t1 = T0 + timedelta(seconds=15)
+    plan.plan_tick(t1, False)
+    state = stored(plan_ledger).state
+    with plan_ledger.connect() as conn:
+        drained = pacer_window.drained_rates(
+            conn,
+            ALIAS,
+            t1,
+            token_class=state.token_class,
+            cached_input_counts=state.cached_input_counts,
+        )
+    [(at, rates)] = state.unknown_samples
+    assert at == t1.timestamp()
+    assert rates[BudgetClass.REQUESTS] == pytest.approx(30 / (60.0 + 14.0))  # not 30 / 30 s
+    assert dict(rates) == pytest.approx({c: v for c, v in drained.items() if c in rates})
