@@ -171,6 +171,14 @@ def test_an_unknown_429s_blame_is_not_fooled_by_the_mix_of_calls() -> None:
     assert set(s.last_429_level) == {REQ}
 
 
+def _regrown(s: BudgetState, now: float) -> tuple[BudgetState, float]:
+    """40 clean windows (every budget grows back to its cap), and the time of the next one."""
+    for _ in range(40):
+        now += 15.0
+        s, _ = step(s, WindowObservation(now=now), CFG)
+    return s, now + 15.0
+
+
 def test_steady_rates_do_not_overrule_a_share_blame_pressed_above_its_seed() -> None:
     """The request limit binds: at each unknown 429 the provider accepted (about) all the calls
     the request budget allowed, and growth re-probes a little under the last 429's level, above
@@ -184,10 +192,7 @@ def test_steady_rates_do_not_overrule_a_share_blame_pressed_above_its_seed() -> 
     notes: list[str] = []
     s, now = fresh(), 0.0
     for tok, out in zip(tokens, outputs, strict=True):
-        for _ in range(40):  # clean windows: every budget grows back to its cap
-            now += 15.0
-            s, _ = step(s, WindowObservation(now=now), CFG)
-        now += 15.0
+        s, now = _regrown(s, now)
         calls = s.budgets.calls_per_s
         assert calls >= SEED.calls_per_s
         accepted = {REQ: 0.98 * calls, TOK: tok, OUT: out}
@@ -212,10 +217,7 @@ def test_steady_drained_rates_overrule_a_share_blame_pressed_above_its_seed() ->
     def run(with_drained: bool) -> BudgetState:
         s, now = fresh(), 0.0
         for tok, out in zip(drained_tokens, drained_outputs, strict=True):
-            for _ in range(40):  # clean windows: every budget grows back to its cap
-                now += 15.0
-                s, _ = step(s, WindowObservation(now=now), CFG)
-            now += 15.0
+            s, now = _regrown(s, now)
             budgets = s.budgets
             assert (budgets.output_tokens_per_s or 0.0) > (SEED.output_tokens_per_s or 0.0)
             burst = {
