@@ -265,7 +265,7 @@ class PlannerPolicy:
 
     def on_response(self, now: float, call: int, classification: Classification | None) -> None:
         if classification is None:
-            at = self._admit_at.get(call, now)
+            at = self._admit_at.pop(call, now)
             self._drain_events[BudgetClass.REQUESTS].append((at, 1.0))
             self._drain_events[BudgetClass.TOKENS].append((at, self._counted[call]))
             self._drain_events[BudgetClass.OUTPUT_TOKENS].append((at, self._output[call]))
