@@ -111,7 +111,7 @@ def steadiest(
     state = replace(state, unknown_samples=tuple(samples))
     if len(samples) < config.blame_min_samples:
         return state, frozenset()
-    spreads = {c: max(v, config.blame_spread_floor) for c, v in sample_spreads(state).items()}
+    spreads = sample_spreads(state, config.blame_spread_floor)
     low = min(spreads.values(), default=0.0)
     steady = frozenset(c for c, v in spreads.items() if v * config.blame_spread_ratio <= low)
     if len(spreads) < 2 or steady == frozenset(spreads):
@@ -119,9 +119,10 @@ def steadiest(
     return state, steady
 
 
-def sample_spreads(state: BudgetState) -> dict[BudgetClass, float]:
+def sample_spreads(state: BudgetState, floor: float = 0.0) -> dict[BudgetClass, float]:
     """Per class, the spread (standard deviation) of the log rates accepted across the kept
-    unknown-429 samples (``BudgetState.unknown_samples``), for the classes measured in all."""
+    unknown-429 samples (``BudgetState.unknown_samples``), for the classes measured in all;
+    at least ``floor`` (``ControllerConfig.blame_spread_floor``: below it, noise)."""
     samples = state.unknown_samples
     spreads: dict[BudgetClass, float] = {}
     if not samples:
@@ -130,7 +131,8 @@ def sample_spreads(state: BudgetState) -> dict[BudgetClass, float]:
         logs = [math.log(r[cls]) for _, r in samples if r.get(cls, 0.0) > 0]
         if len(logs) == len(samples):
             mean = sum(logs) / len(logs)
-            spreads[cls] = math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
+            spread = math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
+            spreads[cls] = max(spread, floor)
     return spreads
 
 
@@ -152,7 +154,7 @@ def drained_steadiness_overrules(
     if not steady:
         return False
     share_blamed = pressed_classes(state, throttles, delivered) - steady
-    spreads = {c: max(v, config.blame_spread_floor) for c, v in sample_spreads(state).items()}
+    spreads = sample_spreads(state, config.blame_spread_floor)
     low = min((spreads[c] for c in steady if c in spreads), default=None)
     if low is None or not share_blamed:
         return False

@@ -266,9 +266,17 @@ class PlannerPolicy:
     def on_response(self, now: float, call: int, classification: Classification | None) -> None:
         if classification is None:
             at = self._admit_at.pop(call, now)
-            self._drain_events[BudgetClass.REQUESTS].append((at, 1.0))
-            self._drain_events[BudgetClass.TOKENS].append((at, self._counted[call]))
-            self._drain_events[BudgetClass.OUTPUT_TOKENS].append((at, self._output[call]))
+            for cls, amount in (
+                (BudgetClass.REQUESTS, 1.0),
+                (BudgetClass.TOKENS, self._counted[call]),
+                (BudgetClass.OUTPUT_TOKENS, self._output[call]),
+            ):
+                events = self._drain_events[cls]
+                events.append((at, amount))
+                # appended at responses, so not quite in time order: trimmed with a call's
+                # latency of slack (drained_rate reads only what is within the lookback)
+                while events[0][0] < now - LOOKBACK_S - DRAIN_TRIM_SLACK_S:
+                    events.popleft()
             self._answered += 1
             self._accepted.append((now, call))
             self.charges.sent(call, now, self._base[call], self._cached[call])
@@ -310,7 +318,9 @@ class PlannerPolicy:
                 throttles=(throttle,),
                 observed_limits=dict(classification.limits) if classification.limits else None,
                 delivered=self._delivered(now),
-                drained=self._drained(now),
+                drained=self._drained(now)
+                if classification.limit_type is LimitType.UNKNOWN
+                else None,
             ),
             self.controller,
         )
@@ -331,10 +341,6 @@ class PlannerPolicy:
         """Per budget class, how fast the provider's bucket was drained (``planner.drain``)."""
         out: dict[BudgetClass, float] = {}
         for cls, events in self._drain_events.items():
-            # appended at responses, so not quite in time order: trim with a call's latency
-            # of slack (drained_rate reads only what is within the lookback anyway)
-            while events and events[0][0] < now - LOOKBACK_S - DRAIN_TRIM_SLACK_S:
-                events.popleft()
             if cls is BudgetClass.OUTPUT_TOKENS and self.state.budgets.output_tokens_per_s is None:
                 continue
             out[cls] = drained_rate((e for e in events if e[0] >= now - LOOKBACK_S), now)
@@ -436,7 +442,10 @@ class PlannerPolicy:
             observed_limits=observed,
             utilisation=usage.utilisation,
             delivered=self._delivered(now) if self._throttles else None,
-            drained=self._drained(now) if self._throttles else None,
+            # read only by the blame of a 429 that names no limit (as the planner tick reads it)
+            drained=self._drained(now)
+            if any(lt is LimitType.UNKNOWN for lt, _ in self._throttles)
+            else None,
             answered=self._answered,
         )
         self._throttles.clear()
