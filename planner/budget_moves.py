@@ -26,13 +26,17 @@ def cut(
     blamed: bool = True,
     unchecked: bool = False,
     drawn_at: float | None = None,
+    drained: float | None = None,
 ) -> tuple[BudgetState, bool]:
     """Cut ``cls`` after a 429 (rule 4). A class the 429 did not blame
     (``planner.blame.blamed_classes``) is cut the same way, but its level is not remembered as
     one that drew a 429 and the cut does not count towards a re-base. A re-base down of an
     ``unchecked`` blame (``planner.budgets.step``) is remembered in ``share_rebased_at``.
     ``drawn_at``: the level the 429 was drawn at when it is not the budget's (a header that
-    came with the 429 lowered the budget to the limit it states): that level is remembered."""
+    came with the 429 lowered the budget to the limit it states): that level is remembered.
+    ``drained``: how fast the class's provider bucket was drained (``planner.drain``), where
+    the 429 named no limit: it tells a re-probe of a raised limit from one of an unchanged
+    limit (``_level_memory``)."""
     level = state.budgets.get(cls)
     seed_value = state.seed.get(cls)
     assert level is not None and seed_value is not None
@@ -51,7 +55,9 @@ def cut(
             measured = delivered * (1.0 - config.probe_margin)
             new_value = max(min(new_value, measured), level * config.cut * config.cut)
     drawn = level if drawn_at is None else max(level, drawn_at)
-    remembered, memory = _level_memory(state, cls, drawn, now, config, unchecked=unchecked)
+    remembered, memory = _level_memory(
+        state, cls, drawn, now, config, unchecked=unchecked, drained=drained
+    )
     if blamed and remembered < level:
         # a re-probe confirmed the old level: the provider's bucket let the budget climb past
         # it before emptying, so the cut starts from the limit, not from the overshoot
@@ -125,6 +131,7 @@ def _level_memory(
     config: ControllerConfig,
     *,
     unchecked: bool = False,
+    drained: float | None = None,
 ) -> tuple[float, float]:
     """The level a 429 at ``level`` leaves remembered, and for how long it caps growth.
 
@@ -139,7 +146,16 @@ def _level_memory(
     An ``unchecked`` blame (an unknown 429 put on this class by the share rule alone) is a
     guess: a new level it leaves is remembered for ``unchecked_memory_s`` only, so a wrong
     guess holds the class below a limit it never hit for minutes, not for twenty; a re-probe
-    that draws a 429 at about the same level confirms it as above."""
+    that draws a 429 at about the same level confirms it as above.
+
+    Without headers the level a re-probe reaches says little: a full per-minute bucket lets
+    it climb up to 1.75x an unchanged limit. How fast the bucket was drained (``drained``, a
+    lower bound on the limit, and about the limit at a 429 of its class) says more: where the
+    level it would hold the class at (``probe_margin`` under it) is ``reprobe_rise`` x above
+    the old level, the provider served more than the old level allowed: the limit rose, and
+    what it drained, not the level the bucket let the re-probe reach, is remembered (fresh:
+    wide-638, whose request limit rose by a third, was held at the old one for the last hour
+    of its run)."""
     fresh = min(config.unchecked_memory_s, config.memory_s) if unchecked else config.memory_s
     previous = state.last_429_level.get(cls)
     memory = state.level_memory_s.get(cls, fresh)
@@ -148,6 +164,9 @@ def _level_memory(
     if state.remembers_429_level(cls, now, config):
         return level, max(memory, fresh)  # a named 429 lifts a guess's memory to memory_s
     if level <= previous * config.reprobe_same:
+        served = None if drained is None else min(level, drained / (1.0 - config.probe_margin))
+        if served is not None and served > previous * config.reprobe_rise:
+            return served, fresh
         return min(level, previous), min(2.0 * memory, config.memory_max_s)
     return level, fresh
 

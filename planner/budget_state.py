@@ -113,6 +113,9 @@ class ControllerConfig:
     # an output limit doubled an hour in, the budget held at the old one for seven hours)
     stated_cap_memory_s: float = 1200.0
     reprobe_same: float = 1.8
+    # a re-probe whose drained rate (planner.drain, read where a 429 names no limit) would hold
+    # the class this much above its old level found a raised limit [1, 4] (budget_moves)
+    reprobe_rise: float = 1.1
     # how long a level blamed on an unknown 429 by the share rule alone caps growth, until a
     # re-probe confirms it (at most memory_s) [0, 86400]
     unchecked_memory_s: float = 600.0
@@ -168,6 +171,7 @@ class ControllerConfig:
         _bounded("memory_s", self.memory_s, 0.0, 86400.0, p)
         _bounded("memory_max_s", self.memory_max_s, self.memory_s, 86400.0, p)
         _bounded("reprobe_same", self.reprobe_same, 1.0, 4.0, p)
+        _bounded("reprobe_rise", self.reprobe_rise, 1.0, 4.0, p)
         _bounded("stated_cap_memory_s", self.stated_cap_memory_s, 60.0, 86400.0, p)
         _bounded("unchecked_memory_s", self.unchecked_memory_s, 0.0, 86400.0, p)
         _bounded("probe_margin", self.probe_margin, 0.0, 0.5, p)

@@ -53,7 +53,10 @@ Rules, in the order ``step`` applies them:
    re-probe reach, which a cut from leaves above the limit) and the class's memory doubles,
    up to ``memory_max_s`` (80 minutes), so a
    steady limit is re-probed ever more rarely while one raised mid-run (no header says so) is
-   found within 20 minutes. A 429 of an unknown limit draws the blame only on
+   found within 20 minutes. Where the 429 named no limit, how fast the class's bucket was
+   drained (``WindowObservation.drained``) tells the two apart better than the level the
+   re-probe reached: drained ``reprobe_rise`` x above what the old level allowed, the limit
+   rose, and the drained rate is remembered instead. A 429 of an unknown limit draws the blame only on
    the class the provider accepted most of relative to its budget (when what it accepted was
    measured; read as how fast each bucket was drained, ``WindowObservation.drained``, where
    the gateway says): the other classes are cut too, but their levels stay allowed and the cut does
@@ -375,6 +378,7 @@ def step(
                 blamed=cls in blamed,
                 unchecked=cls in unchecked,
                 drawn_at=before_headers.get(cls),
+                drained=obs.drained.get(cls) if obs.drained else None,
             )
             cut.append(cls)
             if cls in blamed:

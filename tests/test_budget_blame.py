@@ -299,3 +299,45 @@ def test_a_seed_re_based_up_counts_in_the_share_loop_only_as_far_as_it_was_prove
     # the seed taken at its word: a steady class (requests, or output as steady within the
     # noise floor) takes the blame from the tokens
     assert TOK not in blamed(replace(rebased, proven_rate={}))
+
+
+def _reprobe_of_a_request_limit(drained_at_reprobe: float | None) -> tuple[BudgetState, float]:
+    """A request budget of 40 calls/s draws an unknown 429 where 38 calls/s were drained
+    (tokens far below theirs: requests take the blame); after its memory lapsed, a re-probe at
+    1.4x the old level draws the next one, the requests drained at ``drained_at_reprobe``.
+    The state after it, and the memory the first 429 left."""
+
+    def drained(requests: float) -> dict[BudgetClass, float]:
+        return {REQ: requests, TOK: 4_000.0, OUT: 400.0}
+
+    s = replace(fresh(), budgets=replace(SEED, calls_per_s=40.0))
+    s, _ = window(s, 15.0, LimitType.UNKNOWN, delivered=drained(38.0), drained=drained(38.0))
+    assert set(s.last_429_level) == {REQ}
+    first_memory = s.level_memory_s[REQ]
+    s, t = clean_until(s, 15.0, 15.0 + first_memory + 45.0)
+    s = replace(s, budgets=replace(s.budgets, calls_per_s=1.4 * 40.0))
+    rates = None if drained_at_reprobe is None else drained(drained_at_reprobe)
+    s, _ = window(s, t + 15.0, LimitType.UNKNOWN, delivered=rates, drained=rates)
+    return s, first_memory
+
+
+def test_a_reprobe_that_drained_more_than_the_old_level_allowed_found_a_raised_limit() -> None:
+    """Without headers a re-probe's level says little: the provider's full per-minute bucket
+    lets it climb up to 1.75x an unchanged limit, so a 429 at 1.4x the old level confirms it.
+    How fast the bucket was drained says more: 52 calls/s drained against an old level of 40
+    is a limit raised, and the level the drain reads is remembered, with the first memory
+    (wide-638: its request limit rose by a third; taken as confirmed, the old level held the
+    budget at three quarters of the new limit for the last hour of the run). 38.5 calls/s
+    drained is the old limit confirmed: the old level stays and its memory doubles."""
+    raised, first_memory = _reprobe_of_a_request_limit(52.0)
+    served = 52.0 / (1 - CFG.probe_margin)
+    assert raised.last_429_level[REQ] == pytest.approx(served)
+    assert raised.level_memory_s[REQ] == first_memory
+    assert raised.budgets.calls_per_s == pytest.approx(served * CFG.cut)
+    unchanged, _ = _reprobe_of_a_request_limit(38.5)
+    assert unchanged.last_429_level[REQ] == 40.0
+    assert unchanged.level_memory_s[REQ] == 2 * first_memory
+    assert unchanged.budgets.calls_per_s == pytest.approx(40.0 * CFG.cut)
+    # read from the level alone (no drained rates), the raised limit is taken as confirmed
+    naive, _ = _reprobe_of_a_request_limit(None)
+    assert naive.last_429_level[REQ] == 40.0
