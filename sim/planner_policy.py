@@ -242,11 +242,14 @@ class PlannerPolicy:
         self.charges = ChargeTracker()
         self._admit_at: dict[int, float] = {}
         # (requested at, amount) of what the provider accepted of each class over the last
-        # drain.LOOKBACK_S: the blame's drained rates
+        # drain.LOOKBACK_S: the blame's drained rates; tokens counted both ways (cache reads
+        # counted or not), so that after a recount the rate reads the new units at once, as
+        # the planner tick's read of the ledger does
         self._drain_events: dict[BudgetClass, deque[tuple[float, float]]] = {
-            c: deque()
-            for c in (BudgetClass.REQUESTS, BudgetClass.TOKENS, BudgetClass.OUTPUT_TOKENS)
+            c: deque() for c in (BudgetClass.REQUESTS, BudgetClass.OUTPUT_TOKENS)
         }
+        self._token_drain: dict[bool, deque[tuple[float, float]]] = {True: deque(), False: deque()}
+        self._counted_as = {counts: self._counted_per_call(counts) for counts in (True, False)}
 
         def _on_admit(now: float, call: int) -> None:
             self._admit_at[call] = now
@@ -266,12 +269,12 @@ class PlannerPolicy:
     def on_response(self, now: float, call: int, classification: Classification | None) -> None:
         if classification is None:
             at = self._admit_at.pop(call, now)
-            for cls, amount in (
-                (BudgetClass.REQUESTS, 1.0),
-                (BudgetClass.TOKENS, self._counted[call]),
-                (BudgetClass.OUTPUT_TOKENS, self._output[call]),
+            for events, amount in (
+                (self._drain_events[BudgetClass.REQUESTS], 1.0),
+                (self._drain_events[BudgetClass.OUTPUT_TOKENS], self._output[call]),
+                (self._token_drain[True], self._counted_as[True][call]),
+                (self._token_drain[False], self._counted_as[False][call]),
             ):
-                events = self._drain_events[cls]
                 events.append((at, amount))
                 # appended at responses, so not quite in time order: trimmed with a call's
                 # latency of slack (drained_rate reads only what is within the lookback)
@@ -338,13 +341,20 @@ class PlannerPolicy:
         )
 
     def _drained(self, now: float) -> dict[BudgetClass, float]:
-        """Per budget class, how fast the provider's bucket was drained (``planner.drain``)."""
-        out: dict[BudgetClass, float] = {}
-        for cls, events in self._drain_events.items():
-            if cls is BudgetClass.OUTPUT_TOKENS and self.state.budgets.output_tokens_per_s is None:
-                continue
-            out[cls] = drained_rate((e for e in events if e[0] >= now - LOOKBACK_S), now)
-        return out
+        """Per budget class, how fast the provider's bucket was drained (``planner.drain``),
+        tokens counted as believed."""
+        classes = [
+            (BudgetClass.REQUESTS, self._drain_events[BudgetClass.REQUESTS]),
+            (BudgetClass.TOKENS, self._token_drain[self.counting.cached_input_counts]),
+        ]
+        if self.state.budgets.output_tokens_per_s is not None:
+            classes.append(
+                (BudgetClass.OUTPUT_TOKENS, self._drain_events[BudgetClass.OUTPUT_TOKENS])
+            )
+        return {
+            cls: drained_rate((e for e in events if e[0] >= now - LOOKBACK_S), now)
+            for cls, events in classes
+        }
 
     def _delivered(self, now: float) -> dict[BudgetClass, float]:
         """What the provider accepted over the last cooldown, per budget class, per second."""

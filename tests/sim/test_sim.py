@@ -14,6 +14,7 @@ import yaml
 
 from evalfleet.errors import ConfigError
 from planner.budgets import BudgetClass, ControllerConfig
+from planner.drain import drained_rate
 from sim.bench import default_policies, run_policy, run_scenario, saturating_workers
 from sim.engine import FleetView, Simulation
 from sim.limits import ProviderLimits
@@ -439,6 +440,28 @@ def test_a_wrong_belief_that_cache_reads_do_not_count_is_corrected() -> None:
     # the first minute's 429s drained the bucket and are the evidence; a pacer that kept its
     # belief drew 429s on three calls in four
     assert row["ratio"] <= 1.2 and row["rate_429"] <= 0.1 and row["late_429"] == 0
+
+
+def test_after_a_flip_the_drained_token_rate_reads_the_new_units() -> None:
+    """The blame of a 429 that names no limit reads how fast each bucket was drained, tokens
+    counted as believed. The planner tick reads the ledger's calls in the units of the
+    moment; so does the simulated gateway: after a flip, the calls answered before it are
+    counted the new way, not as the pacer charged them then."""
+    scenario = _belief_scenario(provider_counts=False, believed=True)
+    workload = build_workload(scenario)
+    policy = PlannerPolicy(scenario, workload, lambda now: None)
+    calls = range(40)
+    for call in calls:
+        policy.on_response(float(call), call, None)
+    now = float(len(calls))
+    uncached = [
+        (float(c), float(workload.input[c] - workload.cached[c])) for c in calls
+    ]  # answered at once: requested when answered
+    with_cache = [(float(c), float(workload.input[c])) for c in calls]
+    assert policy._drained(now)[BudgetClass.TOKENS] == pytest.approx(drained_rate(with_cache, now))
+    policy._recount(False, now)
+    assert policy._drained(now)[BudgetClass.TOKENS] == pytest.approx(drained_rate(uncached, now))
+    assert drained_rate(uncached, now) < 0.5 * drained_rate(with_cache, now)
 
 
 @pytest.mark.parametrize("counts", [True, False])
