@@ -108,6 +108,7 @@ Pure: the clock is ``obs.now``; no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -220,17 +221,23 @@ def rebase(
     ).keeping_429_memory(lambda _: False)
 
 
-def recounted(state: BudgetState, cached_input_counts: bool) -> BudgetState:
+def recounted(
+    state: BudgetState, cached_input_counts: bool, measured: float | None = None
+) -> BudgetState:
     """The alias's cache-counting belief changed (``planner.cache_counting``: the provider's
-    headers contradicted it). The token budget returns to the stated limit, which it measures
-    in the new units; its cuts and 429 levels were measured in the old ones and are dropped."""
+    headers contradicted it; ``planner.drain_belief``: without headers, the drained token
+    rates did). The token seed and budget go to the stated limit, which measures them in the
+    new units, or where none is stated to ``measured``, the limit as the drained rates read it
+    in the new units (a budget kept at its number in the old units is off by the ratio of the
+    two countings: fivefold on a trace's late calls); its cuts and 429 levels were measured in
+    the old units and are dropped."""
     if cached_input_counts == state.cached_input_counts:
         return state
     cls = BudgetClass.TOKENS
     seed, budgets = state.seed, state.budgets
-    cap = state.hard_caps.get(cls)
-    if cap is not None:
-        seed, budgets = seed.with_value(cls, cap), budgets.with_value(cls, cap)
+    level = state.hard_caps.get(cls, measured)
+    if level is not None and math.isfinite(level) and level > 0:
+        seed, budgets = seed.with_value(cls, level), budgets.with_value(cls, level)
     return replace(
         state,
         cached_input_counts=cached_input_counts,

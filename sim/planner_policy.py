@@ -38,6 +38,12 @@ from planner.classify import Classification, LimitType
 from planner.curves import HarnessCurve, default_curve
 from planner.decision import Decision, Quantity
 from planner.drain import LOOKBACK_S, drained_rate
+from planner.drain_belief import (
+    DrainBeliefConfig,
+    DrainSample,
+    drain_contradicts_belief,
+    measured_limit,
+)
 from planner.fit import fit_curve
 from planner.pacer import (
     HOLD_AFTER_429_S,
@@ -250,6 +256,8 @@ class PlannerPolicy:
         }
         self._token_drain: dict[bool, deque[tuple[float, float]]] = {True: deque(), False: deque()}
         self._counted_as = {counts: self._counted_per_call(counts) for counts in (True, False)}
+        # the drained rates at the latest steps that read them (planner.drain_belief)
+        self._belief_samples: deque[DrainSample] = deque(maxlen=DrainBeliefConfig().samples)
 
         def _on_admit(now: float, call: int) -> None:
             self._admit_at[call] = now
@@ -314,6 +322,10 @@ class PlannerPolicy:
         # The first 429 outside a cooldown is acted on at once (the gateway tells the
         # controller): cut and freeze now, not up to a window later while the pacer keeps
         # sending into an empty provider bucket.
+        # drained first: a flip of the belief it makes puts what was delivered in new units
+        drained = (
+            self._drained_for_blame(now) if classification.limit_type is LimitType.UNKNOWN else None
+        )
         self.state, _ = step(
             self.state,
             WindowObservation(
@@ -321,9 +333,7 @@ class PlannerPolicy:
                 throttles=(throttle,),
                 observed_limits=dict(classification.limits) if classification.limits else None,
                 delivered=self._delivered(now),
-                drained=self._drained(now)
-                if classification.limit_type is LimitType.UNKNOWN
-                else None,
+                drained=drained,
             ),
             self.controller,
         )
@@ -355,6 +365,28 @@ class PlannerPolicy:
             cls: drained_rate((e for e in events if e[0] >= now - LOOKBACK_S), now)
             for cls, events in classes
         }
+
+    def _drained_for_blame(self, now: float) -> dict[BudgetClass, float]:
+        """The drained rates a step's blame of a 429 that names no limit reads, as the planner
+        tick takes them: each is a sample of the cache-counting belief's test without headers
+        (``planner.drain_belief``), and where the samples contradict the belief it flips
+        first, and the rates read the new units."""
+        believed = self.counting.cached_input_counts
+        drained = self._drained(now)
+        self._belief_samples.append(
+            DrainSample(
+                believed=drained[BudgetClass.TOKENS],
+                other=drained_rate(
+                    (e for e in self._token_drain[not believed] if e[0] >= now - LOOKBACK_S), now
+                ),
+                requests=drained[BudgetClass.REQUESTS],
+                output=drained.get(BudgetClass.OUTPUT_TOKENS),
+            )
+        )
+        if not drain_contradicts_belief(self._belief_samples):
+            return drained
+        self._recount(not believed, now, measured_limit(self._belief_samples))
+        return self._drained(now)
 
     def _delivered(self, now: float) -> dict[BudgetClass, float]:
         """What the provider accepted over the last cooldown, per budget class, per second."""
@@ -399,17 +431,19 @@ class PlannerPolicy:
         if counts != believed:
             self._recount(counts, now)
 
-    def _recount(self, counts: bool, now: float) -> None:
-        """The belief flips: the pacer, the sizing and the token budget follow."""
+    def _recount(self, counts: bool, now: float, measured: float | None = None) -> None:
+        """The belief flips: the pacer, the sizing and the token budget follow (to
+        ``measured``, the limit in the new units, where no header states it)."""
         self.recounted.append((now, counts))
         self.charges.restart()
+        self._belief_samples.clear()
         self.counting = replace(self.counting, cached_input_counts=counts)
         self.steady = steady_state(
             self.curve, self.counting, self.sizing.boot_s, self.sizing.integration_age_s
         )
         self.pacer.cached_input_counts = counts
         self._counted = self._counted_per_call(counts)
-        self.state = recounted(self.state, counts)
+        self.state = recounted(self.state, counts, measured)
         self.pacer.set_budgets(self.state.budgets, now)
 
     def _update_progress(self) -> None:
@@ -446,16 +480,20 @@ class PlannerPolicy:
                 self._observe_remaining(view, now)
         self._check_counting(view, now)
         usage = self.pacer.take_usage(now)
+        # read only by the blame of a 429 that names no limit (as the planner tick reads it),
+        # and first: a flip of the belief it makes puts what was delivered in new units
+        drained = (
+            self._drained_for_blame(now)
+            if any(lt is LimitType.UNKNOWN for lt, _ in self._throttles)
+            else None
+        )
         obs = WindowObservation(
             now=now,
             throttles=tuple(self._throttles),
             observed_limits=observed,
             utilisation=usage.utilisation,
             delivered=self._delivered(now) if self._throttles else None,
-            # read only by the blame of a 429 that names no limit (as the planner tick reads it)
-            drained=self._drained(now)
-            if any(lt is LimitType.UNKNOWN for lt, _ in self._throttles)
-            else None,
+            drained=drained,
             answered=self._answered,
         )
         self._throttles.clear()

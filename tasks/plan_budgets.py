@@ -65,7 +65,7 @@ from planner.curves import DEFAULT_HARNESS, HarnessCurve
 from planner.decision import Binding, Quantity
 from planner.sizing import Counting, OverdriveConfig, SizingConfig, hold_overdrive, steady_state
 from tasks.ledger_io import engine
-from tasks.plan_counting import CountingEvidence, advance
+from tasks.plan_counting import CountingEvidence, advance, judge_by_drain
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +242,43 @@ def _prior(
     )
 
 
+def _drained_for_blame(
+    conn: Connection,
+    name: str,
+    now: datetime,
+    state: BudgetState,
+    counting: CountingEvidence,
+) -> tuple[dict[BudgetClass, float], CountingEvidence, BudgetState]:
+    """The drained rates the blame of a 429 that names no limit reads
+    (``pacer_window.drained_rates``). Each such tick is also a sample of the cache-counting
+    belief's test without headers (``tasks.plan_counting.judge_by_drain``): where the samples
+    contradict the belief it flips first (the token budget to the limit they measured), and
+    the rates read the new units. Returns the rates, the evidence and the state."""
+    believed = state.cached_input_counts
+    both = {
+        counts: pacer_window.drained_rates(
+            conn, name, now, token_class=state.token_class, cached_input_counts=counts
+        )
+        for counts in (believed, not believed)
+    }
+    rates = both[believed]
+    if state.budgets.output_tokens_per_s is None:
+        rates = {k: v for k, v in rates.items() if k is not BudgetClass.OUTPUT_TOKENS}
+    counting, counts, measured = judge_by_drain(
+        counting, rates, both[not believed][BudgetClass.TOKENS], believed=believed
+    )
+    if counts == believed:
+        return both[believed], counting, state
+    log.warning(
+        "alias %s: at its 429s the token bucket drained steadily only with cache reads %s, "
+        "not as believed: pacing, sizing and the token budget (%.6g/s) follow",
+        name,
+        "counted" if counts else "not counted",
+        measured,
+    )
+    return both[counts], counting, recounted(state, counts, measured)
+
+
 def _fed_by(previous: pacer_state.PreviousDecision) -> bool:
     """``Decision.feeds_saturation`` of a stored decision: the budgets set the fleet
     (``sized_by`` paced) and only a stale-config label overrode them. A row written before
@@ -323,6 +360,12 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
                 now=now,
             )
             previous = pacer_state.previous_decision(conn, name)
+            drained = None
+            if LimitType.UNKNOWN in window.throttles:
+                believed = state.cached_input_counts
+                drained, counting, state = _drained_for_blame(conn, name, now, state, counting)
+                if state.cached_input_counts != believed:
+                    counts = state.cached_input_counts  # the drain's flip stands
             delivered = (
                 pacer_window.accepted_rates(
                     conn,
@@ -333,17 +376,6 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
                     cached_input_counts=state.cached_input_counts,
                 )
                 if window.throttles
-                else None
-            )
-            drained = (
-                pacer_window.drained_rates(
-                    conn,
-                    name,
-                    now,
-                    token_class=state.token_class,
-                    cached_input_counts=state.cached_input_counts,
-                )
-                if LimitType.UNKNOWN in window.throttles
                 else None
             )
         if headers and state.is_stale(now.timestamp()):

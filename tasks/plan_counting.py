@@ -14,12 +14,17 @@ state's ``cached_input_counts`` (``planner.budgets.recounted``): the tick's acco
 sizing and the token budget follow, and the gateway's pacer follows through the alias's Prefect
 variable (``gateway.pacer_prefect.push_budgets``).
 
+Without headers nothing states the bucket; there ``judge_by_drain`` keeps, per tick whose
+blame reads drained rates (a 429 that names no limit), how fast each bucket was drained with the
+tokens counted both ways, and flips the belief where those samples contradict it
+(``planner.drain_belief``), the token budget going to the limit they measured.
+
 The evidence is kept with the stored state (``pacer_states.state["counting"]``) as JSON.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,7 +32,7 @@ from sqlalchemy import Connection
 
 from evalfleet.errors import ConfigError
 from ledger.charges import counted_bucket, longest_recent_wait, sent_between
-from planner.budget_state import TokenClass
+from planner.budget_state import BudgetClass, TokenClass
 from planner.cache_counting import (
     LATENCY_LOOKBACK_S,
     MAX_CLOSE_LAG_S,
@@ -35,6 +40,12 @@ from planner.cache_counting import (
     ChargeWindow,
     infer_cached_input_counts,
     span_close_lag_s,
+)
+from planner.drain_belief import (
+    DrainBeliefConfig,
+    DrainSample,
+    drain_contradicts_belief,
+    measured_limit,
 )
 
 SPAN_S = 30.0  # a span covers at least this long
@@ -55,15 +66,18 @@ _WINDOW_FIELDS = (
 
 @dataclass(frozen=True)
 class CountingEvidence:
-    """Bucket readings not yet spanned, and the last spans closed."""
+    """Bucket readings not yet spanned, the last spans closed, and the drained rates of the
+    latest ticks that read them (absent in evidence saved before: none)."""
 
     anchors: tuple[BucketReading, ...] = ()
     windows: tuple[ChargeWindow, ...] = ()
+    drained: tuple[DrainSample, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "anchors": [[a.at, a.limit_per_s, a.remaining] for a in self.anchors],
             "windows": [[getattr(w, f) for f in _WINDOW_FIELDS] for w in self.windows],
+            "drained": [[d.believed, d.other, d.requests, d.output] for d in self.drained],
         }
 
     @classmethod
@@ -76,6 +90,7 @@ class CountingEvidence:
         problems: list[str] = []
         anchors: list[BucketReading] = []
         windows: list[ChargeWindow] = []
+        drained: list[DrainSample] = []
         for i, item in enumerate(raw.get("anchors") or []):
             if _numbers(item, 3):
                 anchors.append(BucketReading(*(float(x) for x in item)))
@@ -86,9 +101,23 @@ class CountingEvidence:
                 windows.append(ChargeWindow(*(float(x) for x in item)))
             else:
                 problems.append(f"counting.windows[{i}]: must be {len(_WINDOW_FIELDS)} numbers")
+        for i, item in enumerate(raw.get("drained") or []):
+            if isinstance(item, list) and len(item) == 4 and _numbers(item[:3], 3):
+                output = item[3]
+                if output is None or _numbers([output], 1):
+                    drained.append(
+                        DrainSample(
+                            float(item[0]),
+                            float(item[1]),
+                            float(item[2]),
+                            None if output is None else float(output),
+                        )
+                    )
+                    continue
+            problems.append(f"counting.drained[{i}]: must be 3 numbers and a number or null")
         if problems:
             raise ConfigError(source, problems)
-        return cls(tuple(anchors), tuple(windows))
+        return cls(tuple(anchors), tuple(windows), tuple(drained))
 
 
 def _numbers(item: Any, n: int) -> bool:
@@ -134,8 +163,31 @@ def advance(
     windows = windows[-KEEP:]
     counts = infer_cached_input_counts(windows, believed)
     if counts == believed:
-        return CountingEvidence(tuple(anchors), tuple(windows)), counts
+        return CountingEvidence(tuple(anchors), tuple(windows), evidence.drained), counts
     return CountingEvidence(tuple(anchors[-1:])), counts
+
+
+def judge_by_drain(
+    evidence: CountingEvidence,
+    drained: dict[BudgetClass, float],
+    other_tokens: float,
+    *,
+    believed: bool,
+) -> tuple[CountingEvidence, bool, float | None]:
+    """A tick whose blame reads drained rates (``drained``, tokens counted as ``believed``;
+    ``other_tokens``: counted the other way) adds a sample; where the last samples contradict
+    the belief (``planner.drain_belief``), returns the other belief and the limit they
+    measured in its units (the samples are spent); else the belief and None."""
+    sample = DrainSample(
+        believed=drained[BudgetClass.TOKENS],
+        other=other_tokens,
+        requests=drained[BudgetClass.REQUESTS],
+        output=drained.get(BudgetClass.OUTPUT_TOKENS),
+    )
+    samples = (*evidence.drained, sample)[-DrainBeliefConfig().samples :]
+    if not drain_contradicts_belief(samples):
+        return replace(evidence, drained=samples), believed, None
+    return replace(evidence, drained=()), not believed, measured_limit(samples)
 
 
 def _complete_horizon(conn: Connection, alias: str, stated: float | None, now: datetime) -> float:

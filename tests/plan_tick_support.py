@@ -130,7 +130,9 @@ def add_calls(
     tokens: int = 1000,
     pacer_wait_s: float = 0.0,
     retry: bool = False,
+    cached: int = 0,
 ) -> None:
+    """``n`` calls of ``tokens`` input tokens (``cached`` of them cache reads) each."""
     with eng.begin() as conn:
         conn.execute(
             insert(LlmCall),
@@ -140,6 +142,7 @@ def add_calls(
                     "alias": ALIAS,
                     "requested_at": at,
                     "input_tokens": tokens if status in SERVED_STATUSES else 0,
+                    "cached_input_tokens": cached if status in SERVED_STATUSES else 0,
                     "output_tokens": 100 if status in SERVED_STATUSES else 0,
                     "status": status,
                     "limit_type": limit_type,

@@ -11,6 +11,7 @@ from planner.cache_counting import (
     CountingConfig,
     infer_cached_input_counts,
 )
+from planner.drain_belief import DrainSample
 
 LIMIT = 100_000.0  # tokens/s: a 6M-token per-minute bucket
 CAP = 60 * LIMIT
@@ -123,8 +124,16 @@ def test_config_bounds_are_clear_errors() -> None:
 def test_stored_evidence_round_trips_and_bad_evidence_is_named() -> None:
     from tasks.plan_counting import CountingEvidence
 
-    evidence = CountingEvidence((BucketReading(10.0, LIMIT, CAP),), (span(CAP, CAP, 1e6, 3e6),))
+    evidence = CountingEvidence(
+        (BucketReading(10.0, LIMIT, CAP),),
+        (span(CAP, CAP, 1e6, 3e6),),
+        (DrainSample(9_000.0, 2_000.0, 3.0, None), DrainSample(9_500.0, 2_010.0, 3.2, 400.0)),
+    )
     assert CountingEvidence.from_json(evidence.to_json(), source="t") == evidence
     assert CountingEvidence.from_json(None, source="t") == CountingEvidence()
     with pytest.raises(ConfigError, match=r"counting.anchors\[0\]"):
         CountingEvidence.from_json({"anchors": [[1.0, "x", 2.0]]}, source="pacer_states 'a'")
+    with pytest.raises(ConfigError, match=r"counting.drained\[1\]"):
+        CountingEvidence.from_json(
+            {"drained": [[1.0, 2.0, 3.0, None], [1.0, 2.0, "x", None]]}, source="t"
+        )

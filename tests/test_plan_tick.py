@@ -339,3 +339,38 @@ def test_an_unknown_429_is_blamed_on_the_drained_rates_the_ledger_gives(
     assert at == t1.timestamp()
     assert rates[BudgetClass.REQUESTS] == pytest.approx(30 / (60.0 + 14.0))  # not 30 / 30 s
     assert dict(rates) == pytest.approx({c: v for c, v in drained.items() if c in rates})
+
+
+def test_a_wrong_cache_belief_without_headers_flips_on_the_drained_token_rates(
+    plan_ledger: Engine,
+) -> None:
+    """No header states the token bucket. The alias believes cache reads count; at each tick's
+    429 that names no limit the provider had served 150k uncached tokens over the minute,
+    while the cache reads (and with them the believed count) grew as the tasks aged, and the
+    request count moved with the calls' sizes. Steady only the other way: after six such
+    ticks the belief flips, and the token budget goes to what the uncached count drained
+    (``planner.drain_belief``)."""
+    add_run(plan_ledger, running=3, queued=30)
+    plan.plan_tick(T0, False)
+    assert stored(plan_ledger).state.cached_input_counts
+    calls = [20, 25, 30, 35, 40, 30]
+    tick_at = T0
+    for k, n in enumerate(calls):
+        assert stored(plan_ledger).state.cached_input_counts  # not before the sixth
+        tick_at = T0 + timedelta(seconds=700.0 * (k + 1))  # each tick's calls alone in view
+        uncached = 150_000 // n
+        add_calls(
+            plan_ledger,
+            n,
+            at=tick_at - timedelta(seconds=1),
+            tokens=uncached * (k + 2),
+            cached=uncached * (k + 1),
+        )
+        add_calls(plan_ledger, 1, status=429, limit_type=None, at=tick_at - timedelta(seconds=0.5))
+        plan.plan_tick(tick_at, False)
+    state = stored(plan_ledger).state
+    assert not state.cached_input_counts
+    # drained from a full bucket over one second: the calls' uncached tokens and output / 61 s
+    measured = (150_000 + 100 * 30) / 61.0
+    assert state.seed.tokens_per_s == pytest.approx(measured, rel=0.02)
+    assert state.budgets.tokens_per_s <= state.seed.tokens_per_s * 1.05

@@ -1,0 +1,78 @@
+"""The cache-counting belief tested without headers (``planner.drain_belief``): which counting
+of the token rate drained at 429s of an unknown limit holds steady."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalfleet.errors import ConfigError
+from planner.drain_belief import (
+    DrainBeliefConfig,
+    DrainSample,
+    drain_contradicts_belief,
+    measured_limit,
+)
+
+# wide-582 of sim.generate_wide after its token limit dropped to 7,435 tokens/s (cache reads
+# not counted, believed counted): at its token 429s the uncached rate drained read 7.05-7.25k
+# while the rate counting cache reads read 4.3-5.4x that, as the tasks' contexts grew
+UNCACHED = [7_180.0, 7_250.0, 7_052.0, 7_156.0, 7_221.0, 7_113.0]
+CACHE_RATIO = [4.26, 4.37, 5.11, 5.41, 5.11, 4.60]
+COUNTED = [u * c for u, c in zip(UNCACHED, CACHE_RATIO, strict=True)]
+REQUESTS = [2.43, 2.34, 2.71, 2.54, 2.39, 2.69]
+
+
+def _samples(believed: list[float], other: list[float], requests: list[float]) -> list[DrainSample]:
+    return [
+        DrainSample(believed=b, other=o, requests=r)
+        for b, o, r in zip(believed, other, requests, strict=True)
+    ]
+
+
+def test_a_token_limit_that_drains_steadily_only_the_other_way_contradicts_the_belief() -> None:
+    samples = _samples(COUNTED, UNCACHED, REQUESTS)
+    assert drain_contradicts_belief(samples)
+    assert measured_limit(samples) == pytest.approx((7_156.0 + 7_180.0) / 2)
+    # believed the right way, the same 429s confirm it
+    assert not drain_contradicts_belief(_samples(UNCACHED, COUNTED, REQUESTS))
+
+
+def test_a_request_limit_that_drains_as_steadily_says_nothing_of_the_tokens() -> None:
+    """429s of the request limit drain the request bucket steadily; the token rates then
+    follow the calls' sizes, and whichever counting is steadier says nothing."""
+    steady_requests = [2.50, 2.49, 2.51, 2.50, 2.50, 2.49]
+    assert not drain_contradicts_belief(_samples(COUNTED, UNCACHED, steady_requests))
+
+
+def test_an_output_limit_drained_steadily_takes_the_verdict_away() -> None:
+    samples = [
+        DrainSample(believed=b, other=o, requests=r, output=640.0)
+        for b, o, r in zip(COUNTED, UNCACHED, REQUESTS, strict=True)
+    ]
+    assert not drain_contradicts_belief(samples)
+
+
+def test_a_fixed_cache_share_reads_the_same_spread_both_ways_and_the_belief_stands() -> None:
+    assert not drain_contradicts_belief(_samples([3.0 * u for u in UNCACHED], UNCACHED, REQUESTS))
+
+
+def test_a_wandering_token_rate_both_ways_is_no_verdict() -> None:
+    wandering = [7_000.0, 7_900.0, 6_600.0, 7_400.0, 8_100.0, 6_900.0]
+    counted = [u * c for u, c in zip(wandering, CACHE_RATIO, strict=True)]
+    assert not drain_contradicts_belief(_samples(counted, wandering, REQUESTS))
+
+
+def test_fewer_samples_than_the_verdict_reads_leave_the_belief_alone() -> None:
+    few = _samples(COUNTED, UNCACHED, REQUESTS)[:-1]
+    assert not drain_contradicts_belief(few)
+    assert drain_contradicts_belief(few, DrainBeliefConfig(samples=5))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("samples", 2), ("samples", 6.0), ("steady_spread", 0.9), ("share", 1.5), ("margin", 0.5)],
+)
+def test_a_bad_constant_is_named(field: str, value: object) -> None:
+    with pytest.raises(ConfigError) as err:
+        DrainBeliefConfig(**{field: value})  # type: ignore[arg-type]
+    assert field in str(err.value)
