@@ -31,12 +31,19 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from evalfleet.errors import ConfigError
+from planner.budget_state import BudgetClass
 
-__all__ = ["DrainBeliefConfig", "DrainSample", "drain_contradicts_belief", "measured_limit"]
+__all__ = [
+    "DrainBeliefConfig",
+    "DrainSample",
+    "drain_contradicts_belief",
+    "judged",
+    "measured_limit",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +56,17 @@ class DrainSample:
     other: float
     requests: float
     output: float | None = None
+
+    @classmethod
+    def of(cls, drained: Mapping[BudgetClass, float], other_tokens: float) -> DrainSample:
+        """The sample of the drained rates a blame reads (tokens counted as believed; output
+        only where the alias budgets it) and the token rate counted the other way."""
+        return cls(
+            believed=drained[BudgetClass.TOKENS],
+            other=other_tokens,
+            requests=drained[BudgetClass.REQUESTS],
+            output=drained.get(BudgetClass.OUTPUT_TOKENS),
+        )
 
 
 @dataclass(frozen=True)
@@ -113,3 +131,16 @@ def measured_limit(
     of the other counting's rates over the last ``config.samples``."""
     cfg = config or DrainBeliefConfig()
     return float(statistics.median(s.other for s in list(samples)[-cfg.samples :]))
+
+
+def judged(
+    samples: Sequence[DrainSample], sample: DrainSample, config: DrainBeliefConfig | None = None
+) -> tuple[tuple[DrainSample, ...], float | None]:
+    """``sample`` added to the last ``samples``: the samples to keep and None while the belief
+    stands, or none and the limit measured in the other units (``measured_limit``) where they
+    contradict it (the caller flips the belief)."""
+    cfg = config or DrainBeliefConfig()
+    kept = (*samples, sample)[-cfg.samples :]
+    if not drain_contradicts_belief(kept, cfg):
+        return kept, None
+    return (), measured_limit(kept, cfg)

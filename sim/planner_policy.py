@@ -38,12 +38,7 @@ from planner.classify import Classification, LimitType
 from planner.curves import HarnessCurve, default_curve
 from planner.decision import Decision, Quantity
 from planner.drain import LOOKBACK_S, drained_rate
-from planner.drain_belief import (
-    DrainBeliefConfig,
-    DrainSample,
-    drain_contradicts_belief,
-    measured_limit,
-)
+from planner.drain_belief import DrainSample, judged
 from planner.fit import fit_curve
 from planner.pacer import (
     HOLD_AFTER_429_S,
@@ -238,7 +233,8 @@ class PlannerPolicy:
         # (response time, call) of the provider's successes over the last cooldown
         self._accepted: deque[tuple[float, int]] = deque()
         self._workload = workload
-        self._counted = self._counted_per_call(ac.cached_input_counts)
+        self._counted_as = {counts: self._counted_per_call(counts) for counts in (True, False)}
+        self._counted = self._counted_as[ac.cached_input_counts]
         self._output = workload.output.tolist()
         base = workload.input - workload.cached
         if self.token_class == "combined":
@@ -255,9 +251,8 @@ class PlannerPolicy:
             c: deque() for c in (BudgetClass.REQUESTS, BudgetClass.OUTPUT_TOKENS)
         }
         self._token_drain: dict[bool, deque[tuple[float, float]]] = {True: deque(), False: deque()}
-        self._counted_as = {counts: self._counted_per_call(counts) for counts in (True, False)}
         # the drained rates at the latest steps that read them (planner.drain_belief)
-        self._belief_samples: deque[DrainSample] = deque(maxlen=DrainBeliefConfig().samples)
+        self._belief_samples: tuple[DrainSample, ...] = ()
 
         def _on_admit(now: float, call: int) -> None:
             self._admit_at[call] = now
@@ -373,19 +368,14 @@ class PlannerPolicy:
         first, and the rates read the new units."""
         believed = self.counting.cached_input_counts
         drained = self._drained(now)
-        self._belief_samples.append(
-            DrainSample(
-                believed=drained[BudgetClass.TOKENS],
-                other=drained_rate(
-                    (e for e in self._token_drain[not believed] if e[0] >= now - LOOKBACK_S), now
-                ),
-                requests=drained[BudgetClass.REQUESTS],
-                output=drained.get(BudgetClass.OUTPUT_TOKENS),
-            )
+        other = self._token_drain[not believed]
+        other_rate = drained_rate((e for e in other if e[0] >= now - LOOKBACK_S), now)
+        self._belief_samples, measured = judged(
+            self._belief_samples, DrainSample.of(drained, other_rate)
         )
-        if not drain_contradicts_belief(self._belief_samples):
+        if measured is None:
             return drained
-        self._recount(not believed, now, measured_limit(self._belief_samples))
+        self._recount(not believed, now, measured)
         return self._drained(now)
 
     def _delivered(self, now: float) -> dict[BudgetClass, float]:
@@ -436,13 +426,13 @@ class PlannerPolicy:
         ``measured``, the limit in the new units, where no header states it)."""
         self.recounted.append((now, counts))
         self.charges.restart()
-        self._belief_samples.clear()
+        self._belief_samples = ()
         self.counting = replace(self.counting, cached_input_counts=counts)
         self.steady = steady_state(
             self.curve, self.counting, self.sizing.boot_s, self.sizing.integration_age_s
         )
         self.pacer.cached_input_counts = counts
-        self._counted = self._counted_per_call(counts)
+        self._counted = self._counted_as[counts]
         self.state = recounted(self.state, counts, measured)
         self.pacer.set_budgets(self.state.budgets, now)
 

@@ -41,12 +41,7 @@ from planner.cache_counting import (
     infer_cached_input_counts,
     span_close_lag_s,
 )
-from planner.drain_belief import (
-    DrainBeliefConfig,
-    DrainSample,
-    drain_contradicts_belief,
-    measured_limit,
-)
+from planner.drain_belief import DrainSample, judged
 
 SPAN_S = 30.0  # a span covers at least this long
 LAG_S = 30.0  # and closes this long after its end, plus the longest recent wait and latency
@@ -178,16 +173,9 @@ def judge_by_drain(
     ``other_tokens``: counted the other way) adds a sample; where the last samples contradict
     the belief (``planner.drain_belief``), returns the other belief and the limit they
     measured in its units (the samples are spent); else the belief and None."""
-    sample = DrainSample(
-        believed=drained[BudgetClass.TOKENS],
-        other=other_tokens,
-        requests=drained[BudgetClass.REQUESTS],
-        output=drained.get(BudgetClass.OUTPUT_TOKENS),
-    )
-    samples = (*evidence.drained, sample)[-DrainBeliefConfig().samples :]
-    if not drain_contradicts_belief(samples):
-        return replace(evidence, drained=samples), believed, None
-    return replace(evidence, drained=()), not believed, measured_limit(samples)
+    samples, measured = judged(evidence.drained, DrainSample.of(drained, other_tokens))
+    counts = believed if measured is None else not believed
+    return replace(evidence, drained=samples), counts, measured
 
 
 def _complete_horizon(conn: Connection, alias: str, stated: float | None, now: datetime) -> float:

@@ -10,6 +10,7 @@ from planner.drain_belief import (
     DrainBeliefConfig,
     DrainSample,
     drain_contradicts_belief,
+    judged,
     measured_limit,
 )
 
@@ -76,3 +77,19 @@ def test_a_bad_constant_is_named(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as err:
         DrainBeliefConfig(**{field: value})  # type: ignore[arg-type]
     assert field in str(err.value)
+
+
+def test_judged_keeps_the_last_samples_and_spends_them_on_a_verdict() -> None:
+    samples = _samples(COUNTED, UNCACHED, REQUESTS)
+    kept: tuple[DrainSample, ...] = ()
+    for sample in samples[:-1]:
+        kept, measured = judged(kept, sample)
+        assert measured is None
+    assert kept == tuple(samples[:-1])
+    kept, measured = judged(kept, samples[-1])
+    assert kept == ()
+    assert measured == pytest.approx(measured_limit(samples))
+    # past the window the oldest sample goes: a wandering start is forgotten
+    start = [DrainSample(believed=9e4, other=3e3, requests=1.0)]
+    kept, measured = judged(tuple(start), samples[0])
+    assert kept == (start[0], samples[0]) and measured is None
