@@ -6,7 +6,8 @@
   ``WindowCalls``; ``latest_call_id`` starts the watermark;
 * ``accepted_rates``: what the provider accepted over a time span (a repeated cut's measure);
 * ``drained_rates``: how fast the provider's bucket of each class was drained up to a time
-  (``planner.drain``: the blame of a 429 that names no limit);
+  (``planner.drain``: the blame of a 429 that names no limit), and the token rate counted the
+  other way (``planner.drain_belief``: the test of the cache-counting belief without headers);
 * ``fresh_header_limits``: the provider's latest stated limits when they were observed after the
   previous tick (an old observation must not keep a stale seed looking fresh);
   ``stated_limits`` / ``stated_remaining`` read such stored limits back.
@@ -38,6 +39,7 @@ from planner.classify import LimitType
 from planner.drain import LOOKBACK_S, drained_rate
 
 __all__ = [
+    "DrainedRates",
     "WindowCalls",
     "accepted_rates",
     "drained_rates",
@@ -139,6 +141,15 @@ def accepted_rates(
     }
 
 
+@dataclass(frozen=True)
+class DrainedRates:
+    """How fast each class's bucket was drained (per second), tokens counted as the alias
+    believes; and the token rate counted the other way (cache reads counted or not)."""
+
+    rates: dict[BudgetClass, float]
+    other_tokens: float
+
+
 def drained_rates(
     conn: Connection,
     alias: str,
@@ -146,18 +157,19 @@ def drained_rates(
     *,
     token_class: TokenClass,
     cached_input_counts: bool,
-) -> dict[BudgetClass, float]:
+) -> DrainedRates:
     """Per budget class, how fast the provider's per-minute bucket was drained up to ``until``
     (``planner.drain.drained_rate``) by the calls it served (``SERVED_STATUSES``) of those
-    requested over the ``planner.drain.LOOKBACK_S`` before it. Rejected calls are left out:
-    what a rejection costs the request bucket is the provider's business, and counted as a
-    whole request each, a storm's rejections read as a drain faster than the limit for the
-    whole lookback."""
+    requested over the ``planner.drain.LOOKBACK_S`` before it, tokens counted both ways in one
+    read. Rejected calls are left out: what a rejection costs the request bucket is the
+    provider's business, and counted as a whole request each, a storm's rejections read as a
+    drain faster than the limit for the whole lookback."""
     since = until - timedelta(seconds=LOOKBACK_S)
     rows = conn.execute(
         select(
             LlmCall.requested_at,
             _counted_tokens(token_class, cached_input_counts),
+            _counted_tokens(token_class, not cached_input_counts),
             LlmCall.output_tokens,
         ).where(
             LlmCall.alias == alias,
@@ -172,12 +184,17 @@ def drained_rates(
         BudgetClass.TOKENS: [],
         BudgetClass.OUTPUT_TOKENS: [],
     }
-    for requested_at, counted, output in rows:
+    other: list[tuple[float, float]] = []
+    for requested_at, counted, counted_other, output in rows:
         at = as_utc(requested_at).timestamp()
         events[BudgetClass.REQUESTS].append((at, 1.0))
         events[BudgetClass.TOKENS].append((at, float(counted or 0)))
         events[BudgetClass.OUTPUT_TOKENS].append((at, float(output or 0)))
-    return {cls: drained_rate(evs, end) for cls, evs in events.items()}
+        other.append((at, float(counted_other or 0)))
+    return DrainedRates(
+        rates={cls: drained_rate(evs, end) for cls, evs in events.items()},
+        other_tokens=drained_rate(other, end),
+    )
 
 
 def read_window(

@@ -255,20 +255,17 @@ def _drained_for_blame(
     contradict the belief it flips first (the token budget to the limit they measured), and
     the rates read the new units. Returns the rates, the evidence and the state."""
     believed = state.cached_input_counts
-    both = {
-        counts: pacer_window.drained_rates(
-            conn, name, now, token_class=state.token_class, cached_input_counts=counts
-        )
-        for counts in (believed, not believed)
-    }
-    rates = both[believed]
+    read = pacer_window.drained_rates(
+        conn, name, now, token_class=state.token_class, cached_input_counts=believed
+    )
+    rates = read.rates
     if state.budgets.output_tokens_per_s is None:
         rates = {k: v for k, v in rates.items() if k is not BudgetClass.OUTPUT_TOKENS}
     counting, counts, measured = judge_by_drain(
-        counting, rates, both[not believed][BudgetClass.TOKENS], believed=believed
+        counting, rates, read.other_tokens, believed=believed
     )
     if counts == believed:
-        return both[believed], counting, state
+        return read.rates, counting, state
     log.warning(
         "alias %s: at its 429s the token bucket drained steadily only with cache reads %s, "
         "not as believed: pacing, sizing and the token budget (%.6g/s) follow",
@@ -276,7 +273,8 @@ def _drained_for_blame(
         "counted" if counts else "not counted",
         measured,
     )
-    return both[counts], counting, recounted(state, counts, measured)
+    flipped = {**read.rates, BudgetClass.TOKENS: read.other_tokens}
+    return flipped, counting, recounted(state, counts, measured)
 
 
 def _fed_by(previous: pacer_state.PreviousDecision) -> bool:

@@ -72,17 +72,21 @@ def test_a_stream_the_harness_abandoned_counts_as_served(plan_ledger: Engine) ->
 
 def test_the_drained_rates_read_what_was_served_over_the_lookback(plan_ledger: Engine) -> None:
     """The blame's drained rates (``planner.drain``): the served calls requested within the
-    lookback before the tick, each class drained into a full one-minute bucket; rejections,
-    calls before the lookback and calls after the tick are left out."""
-    add_calls(plan_ledger, 30, at=T0 - timedelta(seconds=10))
+    lookback before the tick, each class drained into a full one-minute bucket, tokens also
+    counted the other way; rejections, calls before the lookback and calls after the tick are
+    left out."""
+    add_calls(plan_ledger, 30, at=T0 - timedelta(seconds=10), cached=400)
     add_calls(plan_ledger, 5, status=429, limit_type=None, at=T0 - timedelta(seconds=5))
     add_calls(plan_ledger, 10, at=T0 - timedelta(seconds=LOOKBACK_S + 100))
     add_calls(plan_ledger, 4, at=T0 + timedelta(seconds=5))
     with plan_ledger.connect() as conn:
-        rates = pacer_window.drained_rates(
+        read = pacer_window.drained_rates(
             conn, ALIAS, T0, token_class="combined", cached_input_counts=False
         )
+    rates = read.rates
     span = 60.0 + 10.0  # a full bucket plus the 10 s since the first of them
     assert rates[BudgetClass.REQUESTS] == pytest.approx(30 / span)
-    assert rates[BudgetClass.TOKENS] == pytest.approx(30 * (1000 + 100) / span)  # combined
+    # combined, cache reads not counted; counted the other way they are (drain_belief)
+    assert rates[BudgetClass.TOKENS] == pytest.approx(30 * (1000 - 400 + 100) / span)
+    assert read.other_tokens == pytest.approx(30 * (1000 + 100) / span)
     assert rates[BudgetClass.OUTPUT_TOKENS] == pytest.approx(30 * 100 / span)

@@ -334,7 +334,7 @@ def test_an_unknown_429_is_blamed_on_the_drained_rates_the_ledger_gives(
             t1,
             token_class=state.token_class,
             cached_input_counts=state.cached_input_counts,
-        )
+        ).rates
     [(at, rates)] = state.unknown_samples
     assert at == t1.timestamp()
     assert rates[BudgetClass.REQUESTS] == pytest.approx(30 / (60.0 + 14.0))  # not 30 / 30 s
