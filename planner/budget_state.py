@@ -116,6 +116,10 @@ class ControllerConfig:
     # a re-probe whose drained rate (planner.drain, read where a 429 names no limit) would hold
     # the class this much above its old level found a raised limit [1, 4] (budget_moves)
     reprobe_rise: float = 1.1
+    # a 429 that names no limit is remembered at most this many times the rate its class's
+    # bucket drained at (planner.drain: about the limit at the class's 429), and not below two
+    # cuts under its level [1, 4] (budget_moves)
+    drained_memory_over: float = 1.4
     # how long a level blamed on an unknown 429 by the share rule alone caps growth, until a
     # re-probe confirms it (at most memory_s) [0, 86400]
     unchecked_memory_s: float = 600.0
@@ -172,6 +176,7 @@ class ControllerConfig:
         _bounded("memory_max_s", self.memory_max_s, self.memory_s, 86400.0, p)
         _bounded("reprobe_same", self.reprobe_same, 1.0, 4.0, p)
         _bounded("reprobe_rise", self.reprobe_rise, 1.0, 4.0, p)
+        _bounded("drained_memory_over", self.drained_memory_over, 1.0, 4.0, p)
         _bounded("stated_cap_memory_s", self.stated_cap_memory_s, 60.0, 86400.0, p)
         _bounded("unchecked_memory_s", self.unchecked_memory_s, 0.0, 86400.0, p)
         _bounded("probe_margin", self.probe_margin, 0.0, 0.5, p)

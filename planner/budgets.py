@@ -47,7 +47,11 @@ Rules, in the order ``step`` applies them:
    the last cut (a per-minute provider bucket still in debt): the budget only eases by
    ``probe_margin`` and the level is not remembered as one that drew a 429 (else a
    conservative cut would cap the budget below the limit for ``memory_s``). The level that drew
-   the 429 is remembered for ``memory_s`` (20 minutes). A re-probe after that which draws a 429
+   the 429 is remembered for ``memory_s`` (20 minutes); where the 429 named no limit, at most
+   ``drained_memory_over`` x how fast the class's bucket was drained
+   (``WindowObservation.drained``, about the limit at a 429 of the class; not below two cuts
+   under the level): a per-minute bucket lets a budget climb far past the limit before it
+   empties, and regrown to that level the budget draws the next 429. A re-probe after that which draws a 429
    at about the same level (at most ``reprobe_same`` x it) confirms the limit: the old level
    stays remembered, the cut goes from it (not from the level the per-minute bucket let the
    re-probe reach, which a cut from leaves above the limit) and the class's memory doubles,

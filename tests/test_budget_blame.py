@@ -212,7 +212,9 @@ def test_steady_drained_rates_overrule_a_share_blame_pressed_above_its_seed() ->
     the rates over the last cooldown are known, the share rule stands there, and output is
     cut at every 429 (random-1121: the output budget cut to a fifth of its seed, ratio 1.23)."""
     drained_tokens = [16_000.0, 16_300.0, 15_900.0, 16_100.0]
-    drained_outputs = [4_000.0, 3_500.0, 3_000.0, 2_600.0]
+    # high enough that output, held under drained_memory_over x its drained rate, regrows
+    # above its seed
+    drained_outputs = [6_400.0, 6_000.0, 5_600.0, 5_300.0]
 
     def run(with_drained: bool) -> BudgetState:
         s, now = fresh(), 0.0
@@ -341,3 +343,30 @@ def test_a_reprobe_that_drained_more_than_the_old_level_allowed_found_a_raised_l
     # read from the level alone (no drained rates), the raised limit is taken as confirmed
     naive, _ = _reprobe_of_a_request_limit(None)
     assert naive.last_429_level[REQ] == 40.0
+
+
+def test_an_unknown_429_remembers_the_level_its_bucket_drained_at_not_the_level_reached() -> None:
+    """A per-minute bucket lets a budget climb well past the limit before it empties, so the
+    level a 429 was drawn at can be far above the limit; regrown to it, the budget draws the
+    next 429. Where the 429 named no limit, the drained rate of the class it blames reads about
+    the limit: at most ``drained_memory_over`` x it is remembered (not below two cuts under the
+    level: a guess's drained rate may be far under any limit of its class). wide-819
+    remembered 1.9x its token limit, and its re-probes drew 32 429s."""
+    rates = {REQ: 20.0, TOK: 4_000.0, OUT: 400.0}  # requests the most drained: blamed
+    s = replace(fresh(), budgets=replace(SEED, calls_per_s=45.0))
+    s, _ = window(s, 15.0, LimitType.UNKNOWN, delivered=rates, drained=rates)
+    remembered = 20.0 * CFG.drained_memory_over
+    assert s.last_429_level[REQ] == pytest.approx(remembered)
+    assert s.budgets.calls_per_s == pytest.approx(remembered * CFG.cut)
+    regrown, _ = clean_until(s, 15.0, 15.0 + 600.0)
+    assert regrown.budgets.calls_per_s == pytest.approx(remembered * (1 - CFG.probe_margin))
+    # a drained rate far under the level: at most two cuts are taken from the level
+    low = {REQ: 5.0, TOK: 1_000.0, OUT: 100.0}
+    s = replace(fresh(), budgets=replace(SEED, calls_per_s=45.0))
+    s, _ = window(s, 15.0, LimitType.UNKNOWN, delivered=low, drained=low)
+    assert s.last_429_level[REQ] == pytest.approx(45.0 * CFG.cut * CFG.cut)
+    # read from the level alone (no drained rates), the budget regrows to the level of the 429
+    naive = replace(fresh(), budgets=replace(SEED, calls_per_s=45.0))
+    naive, _ = window(naive, 15.0, LimitType.UNKNOWN, delivered=rates)
+    naive, _ = clean_until(naive, 15.0, 15.0 + 600.0)
+    assert naive.budgets.calls_per_s == pytest.approx(45.0 * (1 - CFG.probe_margin))
