@@ -51,8 +51,9 @@ Rules, in the order ``step`` applies them:
    ``drained_memory_over`` x how fast the class's bucket was drained
    (``WindowObservation.drained``, about the limit at a 429 of the class; not below two cuts
    under the level): a per-minute bucket lets a budget climb far past the limit before it
-   empties, and regrown to that level the budget draws the next 429. A re-probe after that which draws a 429
-   at about the same level (at most ``reprobe_same`` x it) confirms the limit: the old level
+   empties, and regrown to that level the budget draws the next 429. A re-probe after that
+   which draws a 429 at about the same level (at most ``reprobe_same`` x it) confirms the
+   limit: the old level
    stays remembered, the cut goes from it (not from the level the per-minute bucket let the
    re-probe reach, which a cut from leaves above the limit) and the class's memory doubles,
    up to ``memory_max_s`` (80 minutes), so a
