@@ -38,7 +38,7 @@ def tick(now: datetime, harness_pool: str) -> int:
         pause_for_spend(steps)
     decisions = plan.decide_all(now, fleets, steps)
     record_decisions(now, decisions)
-    push_pacer_limits(steps)
+    push_pacer_limits(steps, decisions)
     if decisions:
         create_table_artifact(
             key="evalfleet-planner",

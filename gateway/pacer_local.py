@@ -98,6 +98,12 @@ class InProcessPacer:
         pacer.failure = None
         pacer.changed.set()
 
+    def set_old_tasks_first(self, alias: str, on: bool) -> None:
+        """The queue order under an output limit (``PacerCore.set_old_tasks_first``)."""
+        pacer = self._pacer(alias)
+        pacer.core.set_old_tasks_first(on)
+        pacer.changed.set()
+
     def observe_remaining(self, alias: str, remaining: Mapping[LimitType, float]) -> None:
         pacer = self._pacers.get(alias)
         if pacer is None or not remaining:

@@ -104,25 +104,47 @@ def counting_variable(alias: str) -> str:
     return f"evalfleet-pacer-{alias}-cached-input-counts"
 
 
+def old_first_variable(alias: str) -> str:
+    """The Prefect variable holding whether the alias's pacer puts old tasks' calls first under
+    an output limit, as the planner last decided (``Decision.old_tasks_first``; absent: yes)."""
+    return f"evalfleet-pacer-{alias}-old-tasks-first"
+
+
 async def push_budgets(
-    alias: Alias, budgets: Budgets, *, cached_input_counts: bool | None = None
+    alias: Alias,
+    budgets: Budgets,
+    *,
+    cached_input_counts: bool | None = None,
+    old_tasks_first: bool | None = None,
 ) -> None:
     """Write budgets to the alias's limits (create or update: the planner's tick), and the
-    cache-counting belief when given."""
+    cache-counting belief and the queue order when given."""
     names = limit_names(alias.name)
     async with get_client() as client:
         for field, (limit, decay) in limit_values(budgets, alias.pacer.burst_s).items():
             await client.upsert_global_concurrency_limit_by_name(names[field], limit, decay)
     if cached_input_counts is not None:
         await Variable.aset(counting_variable(alias.name), cached_input_counts, overwrite=True)
+    if old_tasks_first is not None:
+        await Variable.aset(old_first_variable(alias.name), old_tasks_first, overwrite=True)
+
+
+async def _read_flag(name: str, default: bool) -> bool:
+    """A boolean Prefect variable the planner writes; ``default`` when absent or not a bool."""
+    async with get_client() as client:
+        variable = await client.read_variable_by_name(name)
+    value = None if variable is None else variable.value
+    return value if isinstance(value, bool) else default
 
 
 async def read_counting(alias: Alias) -> bool:
     """Whether the alias's pacer counts cache reads: the planner's inference, else the config."""
-    async with get_client() as client:
-        variable = await client.read_variable_by_name(counting_variable(alias.name))
-    value = None if variable is None else variable.value
-    return value if isinstance(value, bool) else alias.cached_input_counts
+    return await _read_flag(counting_variable(alias.name), alias.cached_input_counts)
+
+
+async def read_old_tasks_first(alias: Alias) -> bool:
+    """Whether the alias's pacer puts old tasks first under an output limit (absent: yes)."""
+    return await _read_flag(old_first_variable(alias.name), True)
 
 
 async def read_budgets(alias: Alias) -> Budgets:
@@ -202,6 +224,14 @@ class PrefectPacer(InProcessPacer):
                     "counted" if counts else "not counted",
                 )
                 core.cached_input_counts = counts
+            old_first = await read_old_tasks_first(alias)
+            if old_first != core.old_tasks_first:
+                log.info(
+                    "alias %s: an output-bound queue goes %s",
+                    alias.name,
+                    "oldest task first" if old_first else "in arrival order",
+                )
+                self.set_old_tasks_first(alias.name, old_first)
         self.syncs += 1
 
     async def _sync_loop(self) -> None:

@@ -64,7 +64,10 @@ class Decision:
     the budgets alone asked for (before caps, cooldown and pause); ``saturating`` names the
     budget whose demand the target is sized on; ``sized_by`` is what set the ceiling (``paced``,
     the budget that bounded the target, or a cap) before a stale config, a cooldown, a pause or
-    an empty queue took ``binding`` over (None: no budget saturates).
+    an empty queue took ``binding`` over (None: no budget saturates). ``old_tasks_first`` is
+    the pacer's queue order while its output bucket holds calls back (``planner.pacer``):
+    off once no instance is left to launch and the curve's task durations are narrow
+    (``planner.sizing``), so the youngest tasks, which the run then ends on, are not stretched.
     """
 
     now: float
@@ -80,6 +83,7 @@ class Decision:
     budgets: MappingProxyType[str, float] = field(default_factory=lambda: MappingProxyType({}))
     stale: bool = False
     sized_by: Binding | None = None
+    old_tasks_first: bool = True
 
     @property
     def feeds_saturation(self) -> bool:

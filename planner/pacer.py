@@ -21,7 +21,10 @@ rule, so what the benchmark measures is what production runs. It owns:
     favouring small prompts there only favours young tasks and stretches the old ones, and the
     run ends on its longest tasks, stretched (docs/bench-planner.md, tenth round). A young
     task's call ranks as if it had arrived the two tasks' age gap later, so it is delayed,
-    never starved; a call of unknown task age ranks as a task started when it arrived.
+    never starved; a call of unknown task age ranks as a task started when it arrived. The
+    planner turns this off (``set_old_tasks_first``, from ``Decision.old_tasks_first``) once
+    no instance is left to launch and its curve's task durations are narrow: an old task is
+    then nearly done, and the run ends on the young ones. The calls then go in arrival order.
   A call larger than a bucket's capacity is admitted when that bucket is full, and one larger
   than the in-flight budget when nothing is in flight; it leaves the bucket in debt, so the
   long-run rate still holds and nothing dead-locks;
@@ -156,6 +159,7 @@ class PacerCore:
         self._held_by_calls = 0.0
         self._held_by_tokens = 0.0
         self._held_by_output = 0.0
+        self._old_tasks_first = True
         self._admitted: dict[str, tuple[CallEstimate, _Charge]] = {}
         self._unreported: list[str] = []
         self._usage_start = now
@@ -266,11 +270,15 @@ class PacerCore:
         else:
             self._held_by_calls += 1.0
         if self._order != order:
-            self._queue = [
-                (self._priority(est, arrived), seq, call_id, est, charge, arrived)
-                for _, seq, call_id, est, charge, arrived in self._queue
-            ]
-            heapq.heapify(self._queue)
+            self._rerank()
+
+    def _rerank(self) -> None:
+        """Rank every queued call again by the current order."""
+        self._queue = [
+            (self._priority(est, arrived), seq, call_id, est, charge, arrived)
+            for _, seq, call_id, est, charge, arrived in self._queue
+        ]
+        heapq.heapify(self._queue)
 
     @property
     def _order(self) -> _Order:
@@ -287,7 +295,7 @@ class PacerCore:
         order = self._order
         if order == "prompt":
             return AGEING_TOKENS_PER_S * arrived + estimate.input_uncached + estimate.input_cached
-        if order == "task_age":
+        if order == "task_age" and self._old_tasks_first:
             age = estimate.task_age_s or 0.0
             return arrived + (arrived - age)
         return arrived
@@ -440,6 +448,17 @@ class PacerCore:
         heapq.heapify(self._queue)
         self._queued_ids.discard(call_id)
         return True
+
+    @property
+    def old_tasks_first(self) -> bool:
+        return self._old_tasks_first
+
+    def set_old_tasks_first(self, on: bool) -> None:
+        """Planner update: whether an old task's call goes first while the output bucket
+        holds the queue back (module docstring); the queued calls are re-ranked."""
+        if on != self._old_tasks_first:
+            self._old_tasks_first = on
+            self._rerank()
 
     def set_budgets(self, budgets: Budgets, now: float) -> None:
         """Planner update: new rates and capacities from ``now``; levels clipped, nothing

@@ -25,7 +25,8 @@ One tick, per alias with claimable runs (the clock is read by the flow and passe
    overdrive times the saturation controller's multiplier.
 5. ``record_decisions`` — one ``planner_decisions`` row per alias (with the saturating budget).
 6. ``push_pacer_limits`` — the budgets to the alias's Prefect global concurrency limits
-   (``gateway.pacer_prefect.push_budgets``), which the gateway's Prefect pacer follows.
+   (``gateway.pacer_prefect.push_budgets``), which the gateway's Prefect pacer follows, and
+   the queue order the decision names (``Decision.old_tasks_first``, a Prefect variable).
 """
 
 from __future__ import annotations
@@ -326,13 +327,17 @@ def record_decisions(now: datetime, decisions: dict[str, Decision]) -> None:
         )
 
 
-_PUSHED: dict[tuple[str, str], tuple[Budgets, float, bool, float]] = {}
+# (api, alias) -> (budgets, burst_s, cache-counting belief, old tasks first, pushed at)
+_PUSHED: dict[tuple[str, str], tuple[Budgets, float, bool, bool, float]] = {}
 _PUSHED_LOCK = threading.Lock()
 REASSERT_S = 60.0
 
 
-def push_pacer_limits(steps: dict[str, BudgetStep]) -> list[str]:
-    """Write each alias's budgets to its Prefect limits; returns the aliases pushed.
+def push_pacer_limits(
+    steps: dict[str, BudgetStep], decisions: dict[str, Decision] | None = None
+) -> list[str]:
+    """Write each alias's budgets to its Prefect limits, and the queue order its decision
+    names (``Decision.old_tasks_first``); returns the aliases pushed.
 
     An alias whose budgets and burst are what this process pushed last is skipped unless that
     was ``REASSERT_S`` ago (a limit edited in the UI is restored within a minute): each push is
@@ -350,11 +355,10 @@ def push_pacer_limits(steps: dict[str, BudgetStep]) -> list[str]:
         with _PUSHED_LOCK:
             last = _PUSHED.get((api, name))
         at = time.monotonic()
-        if (
-            last is not None
-            and last[:3] == (s.state.budgets, s.burst_s, s.state.cached_input_counts)
-            and at - last[3] < REASSERT_S
-        ):
+        decision = (decisions or {}).get(name)
+        old_first = True if decision is None else decision.old_tasks_first
+        pushed_now = (s.state.budgets, s.burst_s, s.state.cached_input_counts, old_first)
+        if last is not None and last[:4] == pushed_now and at - last[4] < REASSERT_S:
             continue
         alias = known.get(name)
         alias = alias.model_copy(
@@ -364,11 +368,18 @@ def push_pacer_limits(steps: dict[str, BudgetStep]) -> list[str]:
         # the variable is written only when the belief leaves the config's or changes again
         # (each write is an API call the embedded SQLite-backed server is short of)
         write = counts != alias.cached_input_counts if last is None else counts != last[2]
+        # the order likewise, when it leaves the default (old first) or changes again
+        write_order = not old_first if last is None else old_first != last[3]
         run_coro_as_sync(
-            push_budgets(alias, s.state.budgets, cached_input_counts=counts if write else None)
+            push_budgets(
+                alias,
+                s.state.budgets,
+                cached_input_counts=counts if write else None,
+                old_tasks_first=old_first if write_order else None,
+            )
         )
         with _PUSHED_LOCK:
-            _PUSHED[(api, name)] = (s.state.budgets, s.burst_s, s.state.cached_input_counts, at)
+            _PUSHED[(api, name)] = (*pushed_now, at)
         pushed.append(name)
     return pushed
 

@@ -119,3 +119,23 @@ def test_under_an_output_limit_a_young_tasks_call_ranks_as_arriving_the_age_gap_
     # call (arrived at 10, its task started at 10) ranks 20; old calls arriving up to the age
     # gap (310 s) after it pass it, none later
     assert max(passed_by) == pytest.approx(320.0, abs=0.1)
+
+
+def test_with_old_tasks_first_off_an_output_bound_queue_goes_in_arrival_order() -> None:
+    """Once the planner says an old task is not the long one (no instance left to launch, a
+    narrow curve), the output-bound queue is re-ranked in arrival order, and back again."""
+    pacer = PacerCore(budgets(tokens=1e9, output=100.0), burst_s=1.0)
+    assert pacer.request("a", CallEstimate(10, max_output=100), 0.0).admitted  # bucket empty
+    assert not pacer.request("b", CallEstimate(10, max_output=100), 0.0).admitted
+    assert pacer.poll(1.0) == ["b"]  # the head was held by the output bucket: task-age order
+    for i, (name, age) in enumerate((("young", 5.0), ("mid", 200.0), ("old", 600.0))):
+        est = CallEstimate(1_000, max_output=100, task_age_s=age)
+        assert not pacer.request(name, est, 1.0 + i * 0.001).admitted
+    assert pacer.old_tasks_first
+    pacer.set_old_tasks_first(False)  # the calls already queued are re-ranked
+    assert [*pacer.poll(3.0), *pacer.poll(4.0)] == ["young", "mid"]
+    pacer.set_old_tasks_first(True)
+    for i, (name, age) in enumerate((("young2", 5.0), ("old2", 900.0))):
+        est = CallEstimate(1_000, max_output=100, task_age_s=age)
+        assert not pacer.request(name, est, 4.5 + i * 0.001).admitted
+    assert [*pacer.poll(5.0), *pacer.poll(6.0), *pacer.poll(7.0)] == ["old2", "old", "young2"]

@@ -347,3 +347,35 @@ def test_a_stale_label_keeps_what_the_budgets_decided_for_the_saturation_control
     cooling = decide(fleet([], in_cooldown=True), flat_curve(), budgets, Counting(), Caps(), CFG)
     assert cooling.binding is Binding.COOLDOWN and not cooling.feeds_saturation
     assert stale.as_row()["sized_by"] == "paced"
+
+
+def narrow_curve() -> HarnessCurve:
+    """A task that calls at a constant rate and ends at 500-600 s: its age says how near its
+    end it is (90th over 50th percentile of its life about 1.07)."""
+    params = flat_curve().to_params()
+    params["survival"] = {"age_s": [0.0, 500.0, 600.0], "value": [1.0, 1.0, 0.01], "tail_s": 10.0}
+    return HarnessCurve.from_params(params)
+
+
+def test_old_tasks_go_first_at_the_pacer_unless_the_queue_is_dry_and_durations_narrow() -> None:
+    """While instances are queued the output-bound pacer favours old tasks (they free slots);
+    once every instance is live it does so only where durations spread wide, where an old task
+    is a long one. For a narrow curve the old tasks are nearly done: arrival order."""
+    budgets = B(output_tokens_per_s=100.0)
+    ages = [10.0, 200.0, 450.0]
+
+    def old_first(
+        curve: HarnessCurve, cfg: SizingConfig = CFG, *, queued: int, booting: int = 0
+    ) -> bool:
+        steady = steady_state(curve, Counting(), cfg.boot_s, cfg.integration_age_s)
+        state = fleet(ages, booting=booting, queued=queued)
+        d = decide(state, curve, budgets, Counting(), Caps(), cfg, steady)
+        return d.old_tasks_first
+
+    assert steady_state(narrow_curve(), Counting(), 30.0, 7200.0).duration_spread < 1.2
+    assert steady_state(flat_curve(), Counting(), 30.0, 7200.0).duration_spread > 3.0
+    assert old_first(narrow_curve(), queued=5)
+    assert old_first(narrow_curve(), queued=0, booting=2)  # the last launches are not live yet
+    assert not old_first(narrow_curve(), queued=0)
+    assert old_first(flat_curve(), queued=0)  # exponential lives: spread ln 10 / ln 2
+    assert old_first(narrow_curve(), replace(CFG, old_first_min_spread=1.0), queued=0)

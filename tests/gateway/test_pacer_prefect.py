@@ -177,6 +177,17 @@ def test_prefect_limits_are_the_source_of_truth(prefect_api: str) -> None:
                 while core.cached_input_counts:
                     assert time.monotonic() < deadline, "the inferred counting never arrived"
                     await asyncio.sleep(0.05)
+                # The planner's queue order (no instance left, narrow durations): an
+                # output-bound queue goes in arrival order within a sync, and back.
+                assert core.old_tasks_first is True
+                for order in (False, True):
+                    await push_budgets(
+                        aliases.get(alias), pacer.budgets(alias), old_tasks_first=order
+                    )
+                    deadline = time.monotonic() + 3
+                    while core.old_tasks_first is not order:
+                        assert time.monotonic() < deadline, "the queue order never arrived"
+                        await asyncio.sleep(0.05)
                 # A deleted limit fails the alias (strict): nothing is admitted unpaced.
                 await client.delete_global_concurrency_limit_by_name(names["tokens_per_s"])
                 deadline = time.monotonic() + 3
