@@ -134,3 +134,28 @@ def test_a_pool_paused_through_prefect_or_the_ledger_binds_paused(loop_env: str)
         finally:
             client.delete_work_pool(pool)
     eng.dispose()
+
+
+def test_the_queue_order_a_decision_names_reaches_the_gateways_prefect_variable(
+    loop_env: str,
+) -> None:
+    """``push_pacer_limits`` writes ``Decision.old_tasks_first`` where the gateway's Prefect
+    pacer reads it (``read_old_tasks_first``): off, then back on."""
+    from dataclasses import replace
+
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    from gateway.pacer_prefect import read_old_tasks_first
+
+    eng = make_engine(get_settings().ledger_url)
+    now = datetime.now(UTC)
+    add_run(eng, running=2, queued=20, now=now)
+    fleets = plan.read_fleet(now, prefect_paused=False)
+    steps = plan.advance_budgets(now, {f.alias: f.harness for f in fleets})
+    decisions = plan.decide_all(now, fleets, steps)
+    assert decisions[ALIAS].old_tasks_first  # instances are queued
+    alias = plan.aliases().get(ALIAS)
+    for order in (False, True):
+        plan.push_pacer_limits(steps, {ALIAS: replace(decisions[ALIAS], old_tasks_first=order)})
+        assert run_coro_as_sync(read_old_tasks_first(alias)) is order
+    eng.dispose()
