@@ -368,8 +368,9 @@ def push_pacer_limits(
         # the variable is written only when the belief leaves the config's or changes again
         # (each write is an API call the embedded SQLite-backed server is short of)
         write = counts != alias.cached_input_counts if last is None else counts != last[2]
-        # the order likewise, when it leaves the default (old first) or changes again
-        write_order = not old_first if last is None else old_first != last[3]
+        # the order at this process's first push (a previous planner process may have left
+        # its run's endgame order behind) and whenever it changes
+        write_order = last is None or old_first != last[3]
         run_coro_as_sync(
             push_budgets(
                 alias,

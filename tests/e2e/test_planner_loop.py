@@ -158,4 +158,10 @@ def test_the_queue_order_a_decision_names_reaches_the_gateways_prefect_variable(
     for order in (False, True):
         plan.push_pacer_limits(steps, {ALIAS: replace(decisions[ALIAS], old_tasks_first=order)})
         assert run_coro_as_sync(read_old_tasks_first(alias)) is order
+    # a planner process that stopped in a run's endgame left arrival order behind: a new
+    # process's first push restores the order its own decision names
+    plan.push_pacer_limits(steps, {ALIAS: replace(decisions[ALIAS], old_tasks_first=False)})
+    plan._PUSHED.clear()
+    plan.push_pacer_limits(steps, decisions)
+    assert run_coro_as_sync(read_old_tasks_first(alias)) is True
     eng.dispose()
