@@ -415,6 +415,8 @@ def decision_table(
                 "tokens_per_s": round(d.budgets.get("tokens_per_s", 0.0), 1),
                 "cut": ",".join(s.actions.cut) if s else "",
                 "overdrive": round(s.overdrive, 3) if s else 1.0,
+                # the pacer's order while an output limit holds its queue
+                "output_queue": "oldest task first" if d.old_tasks_first else "arrival",
                 "at": datetime.fromtimestamp(d.now, UTC).isoformat(timespec="seconds"),
             }
         )

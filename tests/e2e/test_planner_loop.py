@@ -154,6 +154,9 @@ def test_the_queue_order_a_decision_names_reaches_the_gateways_prefect_variable(
     steps = plan.advance_budgets(now, {f.alias: f.harness for f in fleets})
     decisions = plan.decide_all(now, fleets, steps)
     assert decisions[ALIAS].old_tasks_first  # instances are queued
+    assert plan.decision_table(decisions)[0]["output_queue"] == "oldest task first"
+    dry = replace(decisions[ALIAS], old_tasks_first=False)
+    assert plan.decision_table({ALIAS: dry})[0]["output_queue"] == "arrival"  # the UI shows it
     alias = plan.aliases().get(ALIAS)
     for order in (False, True):
         plan.push_pacer_limits(steps, {ALIAS: replace(decisions[ALIAS], old_tasks_first=order)})
