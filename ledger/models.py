@@ -170,6 +170,9 @@ class PlannerDecision(Base):
     saturating: Mapped[str | None] = mapped_column(String(32))
     #: what set the ceiling (budgets or a cap) before the stale/cooldown/pause/no-work labels
     sized_by: Mapped[str | None] = mapped_column(String(32))
+    #: the pacer's output-bound queue order: oldest task first (True) or arrival (False);
+    #: NULL on rows written before it was recorded
+    old_tasks_first: Mapped[bool | None] = mapped_column(Boolean)
 
 
 class PacerConfig(Base):

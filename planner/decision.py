@@ -114,6 +114,7 @@ class Decision:
             "binding": self.binding.value,
             "saturating": self.saturating.value if self.saturating is not None else None,
             "sized_by": self.sized_by.value if self.sized_by is not None else None,
+            "old_tasks_first": self.old_tasks_first,
             "projections": dict(self.projections),
             "budgets": dict(self.budgets),
         }

@@ -140,7 +140,8 @@ def test_the_queue_order_a_decision_names_reaches_the_gateways_prefect_variable(
     loop_env: str,
 ) -> None:
     """``push_pacer_limits`` writes ``Decision.old_tasks_first`` where the gateway's Prefect
-    pacer reads it (``read_old_tasks_first``): off, then back on."""
+    pacer reads it (``read_old_tasks_first``): off, then back on; ``record_decisions`` keeps
+    it in ``planner_decisions``."""
     from dataclasses import replace
 
     from prefect.utilities.asyncutils import run_coro_as_sync
@@ -167,4 +168,15 @@ def test_the_queue_order_a_decision_names_reaches_the_gateways_prefect_variable(
     plan._PUSHED.clear()
     plan.push_pacer_limits(steps, decisions)
     assert run_coro_as_sync(read_old_tasks_first(alias)) is True
+    # the ledger keeps the order each tick named, for the notebooks
+    for order in (True, False):
+        plan.record_decisions(now, {ALIAS: replace(decisions[ALIAS], old_tasks_first=order)})
+    with ledger_io.engine().connect() as conn:
+        recorded = conn.scalars(
+            select(PlannerDecision.old_tasks_first)
+            .where(PlannerDecision.alias == ALIAS)
+            .order_by(PlannerDecision.id.desc())
+            .limit(2)
+        ).all()
+    assert recorded == [False, True]
     eng.dispose()
