@@ -153,8 +153,9 @@ def lapse_unstated_caps(
     stated (OpenAI's output-token limit) lapses while the alias is busy: growth may then probe
     above it again (rule 6, up to ``max_over_seed`` x the seed it set), and finds a raised
     limit, or draws a 429 that states the limit again and cuts back to it (rule 4). Such a
-    re-probe confirms the class's 429 level, whose memory doubles (rule 4): the cap lapses as
-    rarely, so an unchanged limit is re-probed every 20, 40, then 80 minutes."""
+    re-probe confirms the class's 429 level, but its memory does not double (rule 4: there
+    is no staircase to spare), so an unchanged limit is re-probed every 20 minutes, one 429
+    each, and a raise is found within 20 minutes."""
     stale = [
         cls
         for cls, at in state.cap_stated_at.items()

@@ -27,6 +27,7 @@ def cut(
     unchecked: bool = False,
     drawn_at: float | None = None,
     drained: float | None = None,
+    stated: bool = False,
 ) -> tuple[BudgetState, bool]:
     """Cut ``cls`` after a 429 (rule 4). A class the 429 did not blame
     (``planner.blame.blamed_classes``) is cut the same way, but its level is not remembered as
@@ -36,7 +37,13 @@ def cut(
     came with the 429 lowered the budget to the limit it states): that level is remembered.
     ``drained``: how fast the class's provider bucket was drained (``planner.drain``), where
     the 429 named no limit: it tells a re-probe of a raised limit from one of an unchanged
-    limit (``_level_memory``)."""
+    limit (``_level_memory``). ``stated``: the 429 (or the window's headers) stated the class's
+    limit, which ``planner.budget_headers.apply_headers`` made its seed and hard cap: a
+    re-probe that finds it again does not double its memory, and the cut under it does not
+    count towards a re-base down. Both matter for a limit only a 429's message states
+    (OpenAI's output tokens): doubled, the memory held wide-721's budget at the old limit
+    for 40 minutes after the provider raised it; counted, two such cuts re-based the seed to
+    0.75x the limit the provider had just stated, and growth stalled at 1.5x that."""
     level = state.budgets.get(cls)
     seed_value = state.seed.get(cls)
     assert level is not None and seed_value is not None
@@ -58,6 +65,11 @@ def cut(
     remembered, memory = _level_memory(
         state, cls, drawn, now, config, unchecked=unchecked, drained=drained
     )
+    if stated:
+        # a confirmation of a stated limit does not double its memory: there is no staircase
+        # of re-probes to spare (the cut goes under the stated limit at once), and the memory
+        # holds the budget under a limit the provider may raise without saying so
+        memory = min(memory, config.memory_s)
     if blamed and remembered < level:
         # a re-probe confirmed the old level: the provider's bucket let the budget climb past
         # it before emptying, so the cut starts from the limit, not from the overshoot
@@ -79,7 +91,9 @@ def cut(
     cuts = tuple(t for t in state.cuts_below_seed.get(cls, ()) if now - t <= config.rebase_period_s)
     seed = state.seed
     rebased = False
-    if new_value < seed_value:
+    if new_value < seed_value and not stated:
+        # (a cut under a limit the 429 states is the refill of the provider's bucket, not a
+        # sign the limit dropped below the seed: the stated limit is the seed)
         cuts = (*cuts, now)
         if len(cuts) >= config.rebase_cuts:
             seed = seed.with_value(cls, new_value)

@@ -58,7 +58,9 @@ Rules, in the order ``step`` applies them:
    re-probe reach, which a cut from leaves above the limit) and the class's memory doubles,
    up to ``memory_max_s`` (80 minutes), so a
    steady limit is re-probed ever more rarely while one raised mid-run (no header says so) is
-   found within 20 minutes. Where the 429 named no limit, how fast the class's bucket was
+   found within 20 minutes. Not where the 429 stated the class's limit (a header, or the
+   message of an OpenAI output-token 429): the cut goes under the stated limit at once, so
+   there is no staircase of re-probes to spare, and the memory stays ``memory_s``. Where the 429 named no limit, how fast the class's bucket was
    drained (``WindowObservation.drained``) tells the two apart better than the level the
    re-probe reached: drained ``reprobe_rise`` x above what the old level allowed, the limit
    rose, and the drained rate is remembered instead. A 429 of an unknown limit draws the blame only on
@@ -86,7 +88,7 @@ Rules, in the order ``step`` applies them:
 5. ``rebase_cuts`` cuts below the seed within ``rebase_period_s`` re-base that class's seed to
    the cut level (the provider's limit dropped): growth is then bounded by 1.5x the new seed and
    by ``(1 - probe_margin)`` x the last level that drew a 429, so it is not re-probed every few
-   windows.
+   windows. A cut under a limit the 429 stated does not count: the stated limit is the seed.
 6. A clean window (no 429 of that class, no freeze or backoff overlapping the window, and,
    when the observation reports it, the budget used at least ``grow_min_utilisation``, by
    default 0, in a window in which the alias sent something) grows a
@@ -265,6 +267,16 @@ def step(
 
     # 1. headers: hard caps, and they win over config; a cap not stated again lapses.
     before_headers = state.budgets
+    # the classes whose limit this window's headers or 429 messages state
+    stated_now = (
+        set(
+            header_budgets(
+                obs.observed_limits, token_class=state.token_class, has_output_budget=True
+            )
+        )
+        if obs.observed_limits
+        else set()
+    )
     if obs.observed_limits:
         state, header_notes = apply_headers(state, obs.observed_limits, now, config)
         notes.extend(header_notes)
@@ -391,6 +403,7 @@ def step(
                 unchecked=cls in unchecked,
                 drawn_at=before_headers.get(cls),
                 drained=obs.drained.get(cls) if obs.drained else None,
+                stated=cls in stated_now,
             )
             cut.append(cls)
             if cls in blamed:
