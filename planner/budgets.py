@@ -60,9 +60,10 @@ Rules, in the order ``step`` applies them:
    steady limit is re-probed ever more rarely while one raised mid-run (no header says so) is
    found within 20 minutes. Not where the 429 stated the class's limit (a header, or the
    message of an OpenAI output-token 429): the cut goes under the stated limit at once, so
-   there is no staircase of re-probes to spare, and the memory stays ``memory_s``. Where the 429 named no limit, how fast the class's bucket was
-   drained (``WindowObservation.drained``) tells the two apart better than the level the
-   re-probe reached: drained ``reprobe_rise`` x above what the old level allowed, the limit
+   there is no staircase of re-probes to spare, and the memory stays ``memory_s``. Where the
+   429 named no limit, how fast the class's bucket was drained
+   (``WindowObservation.drained``) tells the two apart better than the level the re-probe
+   reached: drained ``reprobe_rise`` x above what the old level allowed, the limit
    rose, and the drained rate is remembered instead. A 429 of an unknown limit draws the blame only on
    the class the provider accepted most of relative to its budget (when what it accepted was
    measured; read as how fast each bucket was drained, ``WindowObservation.drained``, where
