@@ -376,6 +376,40 @@ def test_a_429_that_states_a_lower_limit_caps_the_budget_at_once() -> None:
     assert row["rate_429"] < 0.005
 
 
+def test_a_raise_of_a_limit_only_429s_state_is_found_within_the_429_memory() -> None:
+    """OpenAI states its output-token limit only in a 429's message. A re-probe that finds the
+    same limit again (here at about 1,400 s) must not hold the budget under it for a doubled
+    memory, nor re-base the seed below it: the provider doubles the limit at 1,600 s, and the
+    budget is above the old limit within the 429 memory after the re-probe (wide-721 of
+    sim.generate_wide held it at the old limit for 40 minutes, at 0.75x for longer)."""
+    old_limit, raise_at = 100.0, 1600.0  # output tokens per second
+    scenario = parse_scenario(
+        parametric(
+            instances=150,
+            provider={
+                "rpm": 600,
+                "input_tpm": None,
+                "tpm": 6_000_000,
+                "output_tpm": old_limit * 60,
+                "headers": "openai",
+                "changes": [{"at_s": raise_at, "output_tpm": 2 * old_limit * 60}],
+            },
+            alias_config={"calls_per_s": 8, "tokens_per_s": 50_000},
+        ),
+        "s",
+    )
+    policy, row = simulate_planner(scenario)
+    output = [
+        (d.now, d.budgets["output_tokens_per_s"])
+        for d in policy.decisions
+        if "output_tokens_per_s" in d.budgets
+    ]
+    assert output, "no 429 stated the output limit"
+    found = next((t for t, b in output if t > raise_at and b > 1.2 * old_limit), None)
+    assert found is not None and found <= raise_at + ControllerConfig().memory_s + 600.0
+    assert row["rate_429"] < 0.005
+
+
 def test_booting_blind_planner_overshoots() -> None:
     """Lesson: a planner that cannot see booting tasks launches far more than it should."""
     doc = parametric(instances=300)
