@@ -277,7 +277,7 @@ def decide(
         k, binding, saturating = _size(proj, budgets, fleet.booting, config, o_max)
 
     if _endgame(fleet.queued, budgets, steady, saturating):
-        # What is left fits in about one long task's life at the budget: work launched later
+        # What is left fits in about one long task's life at every budget: work launched later
         # only lengthens the tail (the limit idles while the last tasks finish alone), so
         # launch it now, as far as the pacer may hold calls longer (``endgame_max_wait_s``).
         k_end, b_end = _bound(proj, budgets, fleet.booting, fleet.queued, o_end)
@@ -365,15 +365,27 @@ def _peak_bounds(
 def _endgame(
     queued: int, budgets: BudgetLike, steady: SteadyState, saturating: Quantity | None
 ) -> bool:
-    """True when the queued tasks' total demand of the saturating quantity takes at most the
-    curve's tail age to serve at its budget."""
+    """True when the queued tasks' total demand of every rate quantity budgeted (calls,
+    counted tokens, output tokens) takes at most the curve's tail age to serve at its budget.
+
+    Every one, not only the saturating one: which budget saturates now is the live fleet's
+    mix, and where contexts grow an old fleet saturates the token budget while the queued
+    tasks' output would take the output budget longer than the tail. Launched at once, those
+    tasks form one cohort whose output the run then waits on (wide-1494: 271 tasks launched
+    together, their calls held by the token budget while the output budget idled at half
+    use; docs/bench-planner.md, twenty-eighth round)."""
     if saturating is None or queued <= 0:
         return False
     budget = _budget_of(budgets, saturating)
     per_task = steady.task_totals.get(saturating.value, 0.0)
     if budget is None or budget <= 0 or per_task <= 0:
         return False
-    return queued * per_task / budget <= steady.tail_age_s
+    for q in (Quantity.CALLS, Quantity.TOKENS, Quantity.OUTPUT_TOKENS):
+        other = _budget_of(budgets, q)
+        total = steady.task_totals.get(q.value, 0.0)
+        if other is not None and other > 0 and queued * total / other > steady.tail_age_s:
+            return False
+    return True
 
 
 _OPERATOR_CAPS = (Binding.RUN_CAP, Binding.CEILING_OVERRIDE)

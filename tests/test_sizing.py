@@ -311,6 +311,51 @@ def test_endgame_launches_the_short_queue_at_once_within_the_longer_wait() -> No
     assert normal.launches_allowed < capped.launches_allowed < end.launches_allowed
 
 
+def test_endgame_waits_while_another_budget_could_not_serve_the_queue_within_the_tail() -> None:
+    """The endgame launches the whole queue when what is left fits in about one long task's
+    life at the budget. Old tasks whose contexts have grown make the token budget the one
+    that saturates now, yet the queued tasks' output would take the output budget longer
+    than the tail: launched at once, they form a cohort whose output the run then waits on
+    (wide-1494: 271 tasks launched together, 1.21x its lower bound). So every budget must
+    fit the queue within the tail, not only the one that saturates."""
+    curve = HarnessCurve.from_params(
+        {
+            "format": 1,
+            "harness": "growing",
+            "rates": {
+                "age_s": [0.0, 600.0],
+                "calls_per_s": [0.2, 0.2],
+                "cached_input_tokens_per_s": [0.0, 0.0],
+                "uncached_input_tokens_per_s": [10.0, 1000.0],
+                "output_tokens_per_s": [20.0, 20.0],
+                "inflight_tokens": [1000.0, 1000.0],
+                "inflight_calls": [0.2, 0.2],
+            },
+            "survival": {"age_s": [0.0], "value": [1.0], "tail_s": 300.0},
+            "latency": {"base_s": 1.0, "per_output_token_s": 0.01},
+        }
+    )
+    steady = steady_state(curve, Counting(), CFG.boot_s, CFG.integration_age_s)
+    old = [550.0] * 100
+
+    def launches(output_budget: float, queued: int) -> Decision:
+        budgets = B(tokens_per_s=40_000.0, output_tokens_per_s=output_budget)
+        return decide(fleet(old, queued=queued), curve, budgets, Counting(), Caps(), CFG, steady)
+
+    # the most the token budget serves within the tail: the endgame's test on tokens holds
+    queued = int(steady.tail_age_s * 40_000.0 / steady.task_totals["tokens_per_s"])
+    tight = launches(1_200.0, queued)
+    assert tight.saturating is Quantity.TOKENS
+    assert queued * steady.task_totals["output_tokens_per_s"] / 1_200.0 > steady.tail_age_s
+    # sized as with a long queue, not launched at once
+    assert tight.launches_allowed == launches(1_200.0, 10 * queued).launches_allowed
+    assert tight.launches_allowed < queued / 10
+    # with room for the queue's output too, the endgame launches it
+    roomy = launches(50_000.0, queued)
+    assert roomy.saturating is Quantity.TOKENS
+    assert roomy.launches_allowed > 5 * tight.launches_allowed
+
+
 def test_overdrive_controller_closes_the_utilisation_gap_and_stays_bounded() -> None:
     cfg = OverdriveConfig()
     factor = 1.0
