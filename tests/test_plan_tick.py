@@ -347,16 +347,16 @@ def test_a_wrong_cache_belief_without_headers_flips_on_the_drained_token_rates(
     """No header states the token bucket. The alias believes cache reads count; at each tick's
     429 that names no limit the provider had served 150k uncached tokens over the minute,
     while the cache reads (and with them the believed count) grew as the tasks aged, and the
-    request count moved with the calls' sizes. Steady only the other way: after six such
-    ticks the belief flips, and the token budget goes to what the uncached count drained
-    (``planner.drain_belief``)."""
+    request count moved with the calls' sizes. Steady only the other way: after four such
+    ticks (``DrainBeliefConfig.samples``) the belief flips, and the token budget goes to what
+    the uncached count drained (``planner.drain_belief``)."""
     add_run(plan_ledger, running=3, queued=30)
     plan.plan_tick(T0, False)
     assert stored(plan_ledger).state.cached_input_counts
-    calls = [20, 25, 30, 35, 40, 30]
+    calls = [20, 30, 40, 30]
     tick_at = T0
     for k, n in enumerate(calls):
-        assert stored(plan_ledger).state.cached_input_counts  # not before the sixth
+        assert stored(plan_ledger).state.cached_input_counts  # not before the fourth
         tick_at = T0 + timedelta(seconds=700.0 * (k + 1))  # each tick's calls alone in view
         uncached = 150_000 // n
         add_calls(
