@@ -29,6 +29,10 @@ Rules, in the order ``step`` applies them:
    0: every budget is floored at ``min_fraction`` of its seed (> 0).
 3. Spend/billing errors → ``pause_run``. Overload (529/503) and a per-day limit's 429
    (``DAILY``: no per-minute budget was what ran out) → ``backoff_until``, no cut.
+   Then, at the provider's first answers with no header stating a limit, a belief that cache
+   reads count is set aside for "not counted" (``planner.recount.doubted_without_headers``:
+   without headers only 429s correct a wrong belief, and only a wrong "not counted" draws
+   them).
 4. A 429 → launch freeze (``cooldown_until = now + max(cooldown_s, retry-after)``, the
    retry-after bounded by ``max_freeze_s``) and a cut of only the budget of the limit hit
    (requests→REQUESTS; tokens and input_tokens→TOKENS; output_tokens→OUTPUT_TOKENS, or TOKENS
@@ -116,7 +120,6 @@ Pure: the clock is ``obs.now``; no I/O.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -149,6 +152,7 @@ from planner.budget_state import (
     WindowObservation,
 )
 from planner.classify import LimitType
+from planner.recount import doubted_without_headers, recounted
 
 __all__ = [
     "BudgetClass",
@@ -227,33 +231,6 @@ def rebase(
         rebase_up_streak={},
         proven_rate={},
     ).keeping_429_memory(lambda _: False)
-
-
-def recounted(
-    state: BudgetState, cached_input_counts: bool, measured: float | None = None
-) -> BudgetState:
-    """The alias's cache-counting belief changed (``planner.cache_counting``: the provider's
-    headers contradicted it; ``planner.drain_belief``: without headers, the drained token
-    rates did). The token seed and budget go to the stated limit, which measures them in the
-    new units, or where none is stated to ``measured``, the limit as the drained rates read it
-    in the new units (a budget kept at its number in the old units is off by the ratio of the
-    two countings: fivefold on a trace's late calls); its cuts and 429 levels were measured in
-    the old units and are dropped."""
-    if cached_input_counts == state.cached_input_counts:
-        return state
-    cls = BudgetClass.TOKENS
-    seed, budgets = state.seed, state.budgets
-    level = state.hard_caps.get(cls, measured)
-    if level is not None and math.isfinite(level) and level > 0:
-        seed, budgets = seed.with_value(cls, level), budgets.with_value(cls, level)
-    return replace(
-        state,
-        cached_input_counts=cached_input_counts,
-        seed=seed,
-        budgets=budgets,
-        rebase_up_streak={k: v for k, v in state.rebase_up_streak.items() if k is not cls},
-        proven_rate={k: v for k, v in state.proven_rate.items() if k is not cls},
-    ).keeping_429_memory(lambda k: k is not cls)
 
 
 def step(
@@ -350,7 +327,14 @@ def step(
     cut: list[BudgetClass] = []
     rebased: list[BudgetClass] = []
     cooldown_until: float | None = None
+    before_answers = state.cached_input_counts
     if (obs.answered > 0 or obs.observed_limits) and not state.answered:
+        state = doubted_without_headers(state, obs, config)
+        if not state.cached_input_counts and state.cached_input_counts != before_answers:
+            notes.append(
+                "no rate-limit headers with the first answers: cache reads taken as not "
+                "counted until 429s say they are (planner.recount)"
+            )
         state = replace(state, answered=True)
     if rate_throttles and not state.throttled:
         state = replace(state, throttled=True)

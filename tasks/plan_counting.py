@@ -10,7 +10,7 @@ recent calls (``planner.cache_counting.span_close_lag_s``). A span closed sooner
 what was sent and reads as "cache reads count". ``ledger.charges.sent_between`` sums what was
 sent in a closed span. The last ``KEEP`` spans are the
 evidence; when they contradict the alias's belief, ``advance`` says so and the tick flips the
-state's ``cached_input_counts`` (``planner.budgets.recounted``): the tick's accounting, the
+state's ``cached_input_counts`` (``planner.recount.recounted``): the tick's accounting, the
 sizing and the token budget follow, and the gateway's pacer follows through the alias's Prefect
 variable (``gateway.pacer_prefect.push_budgets``).
 
