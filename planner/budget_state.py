@@ -162,10 +162,6 @@ class ControllerConfig:
     # [0, 0.5] (a limit drained within 0.5% and a fleet's steady calls/s within 1% are tied)
     blame_spread_floor: float = 0.03
     cut_to_seed: bool = True  # a 429 above the seed cuts to the seed at least
-    # where the first answers carry no rate-limit header, a belief that cache reads count is
-    # set aside for "not counted" until 429s say otherwise (planner.recount: a wrong "counted"
-    # paces far under the limit and draws no 429 to correct it)
-    doubt_counted_cache_without_headers: bool = True
 
     def __post_init__(self) -> None:
         p: list[str] = []

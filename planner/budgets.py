@@ -29,10 +29,6 @@ Rules, in the order ``step`` applies them:
    0: every budget is floored at ``min_fraction`` of its seed (> 0).
 3. Spend/billing errors → ``pause_run``. Overload (529/503) and a per-day limit's 429
    (``DAILY``: no per-minute budget was what ran out) → ``backoff_until``, no cut.
-   Then, at the provider's first answers with no header stating a limit, a belief that cache
-   reads count is set aside for "not counted" (``planner.recount.doubted_without_headers``:
-   without headers only 429s correct a wrong belief, and only a wrong "not counted" draws
-   them).
 4. A 429 → launch freeze (``cooldown_until = now + max(cooldown_s, retry-after)``, the
    retry-after bounded by ``max_freeze_s``) and a cut of only the budget of the limit hit
    (requests→REQUESTS; tokens and input_tokens→TOKENS; output_tokens→OUTPUT_TOKENS, or TOKENS
@@ -152,7 +148,7 @@ from planner.budget_state import (
     WindowObservation,
 )
 from planner.classify import LimitType
-from planner.recount import doubted_without_headers, recounted
+from planner.recount import recounted
 
 __all__ = [
     "BudgetClass",
@@ -327,14 +323,7 @@ def step(
     cut: list[BudgetClass] = []
     rebased: list[BudgetClass] = []
     cooldown_until: float | None = None
-    before_answers = state.cached_input_counts
     if (obs.answered > 0 or obs.observed_limits) and not state.answered:
-        state = doubted_without_headers(state, obs, config)
-        if not state.cached_input_counts and state.cached_input_counts != before_answers:
-            notes.append(
-                "no rate-limit headers with the first answers: cache reads taken as not "
-                "counted until 429s say they are (planner.recount)"
-            )
         state = replace(state, answered=True)
     if rate_throttles and not state.throttled:
         state = replace(state, throttled=True)

@@ -1,28 +1,14 @@
-"""What a change of the alias's cache-counting belief does to the budget controller's state, and
-the one change the controller makes itself: a belief that cache reads count, where the provider's
-first answers carry no rate-limit headers.
+"""What a change of the alias's cache-counting belief does to the budget controller's state.
 
 The belief (``BudgetState.cached_input_counts``) says whether cache reads count against the
 provider's token limit; the pacer charges every call, and the controller measures every token
-budget, in its units. Three things change it:
-
-* ``planner.cache_counting``: the provider's headers state its token bucket, and what it took
-  from it contradicts the belief;
-* ``planner.drain_belief``: without headers, the rates the token bucket drained at the 429s
-  that name no limit, counted both ways, contradict it;
-* ``doubted_without_headers``: without headers, "cache reads count" is set aside at the first
-  answers (below), and the drain test is left to flip it back.
-
-Why the last one. Without headers only 429s speak, and the two wrong beliefs do not cost alike.
-A belief that cache reads do not count, where they do, lets calls through at several times what
-the provider takes from its bucket: 429s come within minutes, and their drained rates flip the
-belief (the first answers' minutes of a few 429s). A belief that they count, where they do not,
-charges each call several times what the provider does (a trace's late calls read five times
-their uncached input from the cache): the pacer holds the fleet far under the limit, no 429
-says so, and the few that come, after growth has climbed the budget, drain the two countings'
-rates about as steadily, so the test seldom flips it. On the 207 header-less trace scenarios of
-random 0-287 and wide 0-1007 (docs/bench-planner.md, twenty-ninth round), 24 held that wrong
-belief: 3 met every target, 17 with the belief corrected at the start.
+budget, cut, 429 level and drained rate, in its units. Two things change it:
+``planner.cache_counting`` (the provider's headers state its token bucket, and what it took
+from it contradicts the belief) and ``planner.drain_belief`` (without headers, the rates the
+token bucket drained at the 429s that name no limit, counted both ways, contradict it).
+``recounted`` moves the token seed and budget into the new units and forgets what was measured
+in the old ones. Split from ``planner.budgets`` (the controller's rules), which calls it and
+re-exports it.
 
 Pure: state in, state out.
 """
@@ -32,9 +18,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from planner.budget_state import BudgetClass, BudgetState, ControllerConfig, WindowObservation
+from planner.budget_state import BudgetClass, BudgetState
 
-__all__ = ["doubted_without_headers", "recounted"]
+__all__ = ["recounted"]
 
 
 def recounted(
@@ -66,22 +52,3 @@ def recounted(
         proven_rate={k: v for k, v in state.proven_rate.items() if k is not cls},
         unknown_samples=(),
     ).keeping_429_memory(lambda k: k is not cls)
-
-
-def doubted_without_headers(
-    state: BudgetState, obs: WindowObservation, config: ControllerConfig
-) -> BudgetState:
-    """At the provider's first answers (the window that ends ``state.answered``), where no
-    header has stated a limit, a belief that cache reads count becomes "not counted" (module
-    docstring), the token seed and budget keeping their number; else the state unchanged. Off
-    with ``config.doubt_counted_cache_without_headers``."""
-    if (
-        not config.doubt_counted_cache_without_headers
-        or state.answered
-        or obs.answered <= 0
-        or obs.observed_limits
-        or state.observed_at is not None
-        or not state.cached_input_counts
-    ):
-        return state
-    return recounted(state, False)

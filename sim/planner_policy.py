@@ -424,23 +424,16 @@ class PlannerPolicy:
     def _recount(self, counts: bool, now: float, measured: float | None = None) -> None:
         """The belief flips: the pacer, the sizing and the token budget follow (to
         ``measured``, the limit in the new units, where no header states it)."""
+        self.recounted.append((now, counts))
+        self.charges.restart()
+        self._belief_samples = ()
+        self.counting = replace(self.counting, cached_input_counts=counts)
+        self.steady = steady_state(
+            self.curve, self.counting, self.sizing.boot_s, self.sizing.integration_age_s
+        )
+        self.pacer.cached_input_counts = counts
+        self._counted = self._counted_as[counts]
         self.state = recounted(self.state, counts, measured)
-        self._follow_belief(now)
-
-    def _follow_belief(self, now: float) -> None:
-        """Where the controller's belief is not the pacer's (a flip, or the controller's own
-        doubt without headers: ``planner.recount``), the pacer and the sizing follow it."""
-        counts = self.state.cached_input_counts
-        if counts != self.counting.cached_input_counts:
-            self.recounted.append((now, counts))
-            self.charges.restart()
-            self._belief_samples = ()
-            self.counting = replace(self.counting, cached_input_counts=counts)
-            self.steady = steady_state(
-                self.curve, self.counting, self.sizing.boot_s, self.sizing.integration_age_s
-            )
-            self.pacer.cached_input_counts = counts
-            self._counted = self._counted_as[counts]
         self.pacer.set_budgets(self.state.budgets, now)
 
     def _update_progress(self) -> None:
@@ -498,7 +491,7 @@ class PlannerPolicy:
         self.state, actions = step(self.state, obs, self.controller)
         self._update_progress()
         self._hold_overdrive(now, usage)
-        self._follow_belief(now)
+        self.pacer.set_budgets(self.state.budgets, now)
         decision = decide(
             FleetState(
                 now=now,

@@ -391,18 +391,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             drained=drained,
             answered=window.answered,
         )
-        believed_before_step = state.cached_input_counts
         state, actions = step(state, obs, cfg)
-        if state.cached_input_counts != believed_before_step:
-            # the controller's own doubt of a counted belief without headers (planner.recount):
-            # the samples taken in the old units are spent, and the doubt stands
-            log.warning(
-                "alias %s: no rate-limit headers with the provider's first answers: cache reads "
-                "are taken as not counted against its token limit until its 429s say they are",
-                name,
-            )
-            counting = replace(counting, drained=())
-            counts = state.cached_input_counts
         if counts != state.cached_input_counts:
             log.warning(
                 "alias %s: the provider's stated token bucket says cache reads %s against its "

@@ -341,38 +341,36 @@ def test_an_unknown_429_is_blamed_on_the_drained_rates_the_ledger_gives(
     assert dict(rates) == pytest.approx({c: v for c, v in drained.items() if c in rates})
 
 
-def test_without_headers_a_counted_belief_is_doubted_and_the_drained_rates_restore_it(
+def test_a_wrong_cache_belief_without_headers_flips_on_the_drained_token_rates(
     plan_ledger: Engine,
 ) -> None:
-    """No header states the token bucket. The alias believes cache reads count: at the
-    provider's first answers the controller sets that belief aside (``planner.recount``: only
-    a wrong "not counted" draws the 429s that correct it). Here the provider does count them:
-    at each tick's 429 that names no limit it had served 150k tokens over the minute, cache
-    reads included, while the uncached share fell as the tasks aged and the request count
-    moved with the calls' sizes. Steady only counted with the cache: after four such ticks in
-    the new belief (``DrainBeliefConfig.samples``) it flips back, and the token budget goes to
-    what that count drained (``planner.drain_belief``)."""
+    """No header states the token bucket. The alias believes cache reads count; at each tick's
+    429 that names no limit the provider had served 150k uncached tokens over the minute,
+    while the cache reads (and with them the believed count) grew as the tasks aged, and the
+    request count moved with the calls' sizes. Steady only the other way: after four such
+    ticks (``DrainBeliefConfig.samples``) the belief flips, and the token budget goes to what
+    the uncached count drained (``planner.drain_belief``)."""
     add_run(plan_ledger, running=3, queued=30)
     plan.plan_tick(T0, False)
-    assert stored(plan_ledger).state.cached_input_counts  # nothing answered yet
-    calls = [25, 20, 30, 40, 30]
+    assert stored(plan_ledger).state.cached_input_counts
+    calls = [20, 30, 40, 30]
+    tick_at = T0
     for k, n in enumerate(calls):
-        if k:
-            assert not stored(plan_ledger).state.cached_input_counts  # not before the fifth
+        assert stored(plan_ledger).state.cached_input_counts  # not before the fourth
         tick_at = T0 + timedelta(seconds=700.0 * (k + 1))  # each tick's calls alone in view
-        tokens = 150_000 // n
+        uncached = 150_000 // n
         add_calls(
             plan_ledger,
             n,
             at=tick_at - timedelta(seconds=1),
-            tokens=tokens,
-            cached=tokens * (k + 1) // (k + 2),
+            tokens=uncached * (k + 2),
+            cached=uncached * (k + 1),
         )
         add_calls(plan_ledger, 1, status=429, limit_type=None, at=tick_at - timedelta(seconds=0.5))
         plan.plan_tick(tick_at, False)
     state = stored(plan_ledger).state
-    assert state.cached_input_counts
-    # drained from a full bucket over one second: the calls' tokens and output / 61 s
-    measured = (150_000 + 100 * calls[-1]) / 61.0
+    assert not state.cached_input_counts
+    # drained from a full bucket over one second: the calls' uncached tokens and output / 61 s
+    measured = (150_000 + 100 * 30) / 61.0
     assert state.seed.tokens_per_s == pytest.approx(measured, rel=0.02)
     assert state.budgets.tokens_per_s <= state.seed.tokens_per_s * 1.05

@@ -498,37 +498,6 @@ def test_after_a_flip_the_drained_token_rate_reads_the_new_units() -> None:
     assert drained_rate(uncached, now) < 0.5 * drained_rate(with_cache, now)
 
 
-def _headerless_belief_run(doubt: bool) -> tuple[PlannerPolicy, dict[str, Any]]:
-    scenario = load_scenario(ROOT / "scenarios" / "trace-cache-belief-wrong.yaml")
-    scenario = scenario.model_copy(
-        update={"provider": scenario.provider.model_copy(update={"headers": "none"})}
-    )
-    workload = build_workload(scenario)
-    provider = ProviderLimits(*limit_spec(scenario))
-    policy = PlannerPolicy(
-        scenario,
-        workload,
-        lambda now: headers_now("none", provider, now),
-        controller=ControllerConfig(doubt_counted_cache_without_headers=doubt),
-    )
-    stats = Simulation(workload, policy, provider, "none").run()
-    return policy, summarise(stats, scenario, lower_bound(scenario, workload))
-
-
-def test_without_headers_a_wrong_belief_that_cache_reads_count_is_set_aside_at_once() -> None:
-    """The shipped wrong-belief scenario with no headers: nothing states the bucket, and the
-    pacer charging cache reads holds the fleet under the limit with few 429s to say so. The
-    controller sets the counted belief aside at the first answers (``planner.recount``);
-    kept, it is found only by the drain test, half an hour in, and the run misses its ratio."""
-    policy, row = _headerless_belief_run(doubt=True)
-    assert [counts for _, counts in policy.recounted] == [False]
-    assert policy.recounted[0][0] < 120
-    assert row["ratio"] <= 1.2 and row["rate_429"] <= 0.005
-    naive, naive_row = _headerless_belief_run(doubt=False)
-    assert not naive.recounted or naive.recounted[0][0] > 600
-    assert naive_row["ratio"] > 1.2 and naive_row["makespan_s"] > 1.05 * row["makespan_s"]
-
-
 @pytest.mark.parametrize("counts", [True, False])
 def test_a_right_belief_is_never_flipped(counts: bool) -> None:
     policy, row = simulate_planner(_belief_scenario(provider_counts=counts, believed=counts))
