@@ -34,8 +34,8 @@ def recounted(
     429 levels were measured in the old units and are dropped, and so are the rates accepted at
     the 429s that named no limit: their token rates were read in the old units, and the blame
     of the next such 429 (the class whose rate held steady across them) would find the token
-    limit unsteady and put its 429s on another class (wide-506: the request budget cut to 0.4x
-    its limit while every 429 was the token limit's)."""
+    limit unsteady and put its 429s on another class (wide-506, started in that wrong belief:
+    the request budget cut to 0.4x its limit while every 429 was the token limit's)."""
     if cached_input_counts == state.cached_input_counts:
         return state
     cls = BudgetClass.TOKENS
