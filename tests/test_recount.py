@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from planner.budgets import (
-    BudgetState,
     WindowObservation,
     initial_state,
     recounted,
@@ -13,10 +12,6 @@ from planner.classify import LimitType
 from tests.budget_support import CFG, OUT, REQ, SEED, TOK
 
 
-def _believing(counts: bool) -> BudgetState:
-    return initial_state(SEED, 0.0, cached_input_counts=counts, token_class="input")
-
-
 def test_a_recount_forgets_the_rates_unknown_429s_drained_in_the_old_units() -> None:
     """Three 429s that name no limit drained the request and output buckets steadily and the
     token bucket, read as cache reads counting, unsteadily. The drain test says cache reads do
@@ -24,7 +19,7 @@ def test_a_recount_forgets_the_rates_unknown_429s_drained_in_the_old_units() -> 
     token bucket drained at that limit: the blame is the token budget's. Kept, the rates in
     the old units made the token class look unsteady, and the 429 went on a steady class that
     was never the limit (here output; the request budget in wide-506)."""
-    s = _believing(True)
+    s = initial_state(SEED, 0.0, cached_input_counts=True, token_class="input")
     for i, tokens in enumerate([20_000.0, 26_000.0, 33_000.0]):
         s, _ = step(
             s,
