@@ -114,6 +114,7 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "share_rebased_at": _classes(state.share_rebased_at),
         "rebase_up_streak": _classes(state.rebase_up_streak),
         "proven_rate": _classes(state.proven_rate),
+        "class_seeded_at": _classes(state.class_seeded_at),
         "unknown_samples": [
             {"at": at, "rates": _classes(rates)} for at, rates in state.unknown_samples
         ],
@@ -223,6 +224,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
             "level_memory_s",  # absent in states saved before the doubling memory: {}
             "rebase_up_streak",  # absent in states saved before the re-base speed-up: {}
             "proven_rate",  # absent in states saved before rule 7 kept what it proved: {}
+            "class_seeded_at",  # absent in states saved before seeds were measured per class: {}
         )
     }
     cuts = _class_map(data, "cuts_below_seed", problems)
@@ -273,6 +275,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         level_memory_s={k: float(v) for k, v in maps["level_memory_s"].items()},
         rebase_up_streak={k: int(v) for k, v in maps["rebase_up_streak"].items()},
         proven_rate={k: float(v) for k, v in maps["proven_rate"].items()},
+        class_seeded_at={k: float(v) for k, v in maps["class_seeded_at"].items()},
         answered=bool(flags["answered"]),
         throttled=bool(flags["throttled"]),
     )

@@ -74,7 +74,7 @@ def cut(
         # a re-probe confirmed the old level: the provider's bucket let the budget climb past
         # it before emptying, so the cut starts from the limit, not from the overshoot
         new_value = min(new_value, remembered * config.cut)
-    if config.cut_to_seed and level > seed_value and not state.is_stale(now):
+    if config.cut_to_seed and level > seed_value and not state.is_stale(now, cls):
         # the room above the seed was not there (a stale seed is no better a guess than the
         # level the provider just rejected: the cut stands)
         new_value = min(new_value, seed_value)
@@ -228,10 +228,11 @@ def _eased(
     )
 
 
-def over_seed(state: BudgetState, now: float, config: ControllerConfig) -> float:
-    """The growth ceiling as a multiple of the seed: ``max_over_seed``, or
-    ``stale_max_over_seed`` while the seed is stale (no headers re-seeded it)."""
-    return config.stale_max_over_seed if state.is_stale(now) else config.max_over_seed
+def over_seed(state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig) -> float:
+    """The class's growth ceiling as a multiple of its seed: ``max_over_seed``, or
+    ``stale_max_over_seed`` while its seed is stale (no headers re-seeded it, nothing
+    measured it since)."""
+    return config.stale_max_over_seed if state.is_stale(now, cls) else config.max_over_seed
 
 
 def _ceiling(state: BudgetState, cls: BudgetClass, now: float, config: ControllerConfig) -> float:
@@ -239,7 +240,7 @@ def _ceiling(state: BudgetState, cls: BudgetClass, now: float, config: Controlle
     and ``probe_margin`` below a 429 level it remembers."""
     seed_value = state.seed.get(cls)
     assert seed_value is not None
-    ceiling = seed_value * over_seed(state, now, config)
+    ceiling = seed_value * over_seed(state, cls, now, config)
     if cls in state.hard_caps:
         ceiling = min(ceiling, state.hard_caps[cls])
     remembered = state.level_cap(cls, now, config)
@@ -294,7 +295,7 @@ def rebased_up(
         level = state.budgets.get(cls)
         seed_value = seed.get(cls)
         assert level is not None and seed_value is not None
-        top = seed_value * over_seed(state, now, config) * (1.0 - 1e-9)
+        top = seed_value * over_seed(state, cls, now, config) * (1.0 - 1e-9)
         held_by_seed = level >= top and _ceiling(state, cls, now, config) >= top
         if cls not in used or not held_by_seed:
             since.pop(cls, None)
@@ -312,7 +313,7 @@ def rebased_up(
         # a stale seed's ceiling is 3x it: a proof of the seed would come within a minute
         # while the level may be anywhere up to 3x the limit, so it waits out the hold
         proven = (
-            not state.is_stale(now)
+            not state.is_stale(now, cls)
             and elapsed >= config.rebase_up_min_s
             and served * level >= seed_value * (elapsed + config.provider_burst_s)
         )

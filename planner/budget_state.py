@@ -252,6 +252,13 @@ class BudgetState:
     # when each class's seed was last re-based down (rule 5) on unknown 429s blamed by the
     # share of its budget used alone (no steadiness measured yet: ``planner.blame``)
     share_rebased_at: Mapping[BudgetClass, float] = field(default_factory=dict)
+    # when each class's seed was last measured from the provider (a recount to the limit its
+    # drained rates or a header state in the new units, ``planner.recount``): that seed is no
+    # guess, so it is not stale for ``stale_after_s`` after, though the rest of the
+    # operator's config may be. Rule 5's and rule 7's re-bases do not renew it: measured,
+    # that kept fewer held-out runs within the targets (a limit raised mid-run is found by a
+    # stale seed's 3x climb)
+    class_seeded_at: Mapping[BudgetClass, float] = field(default_factory=dict)
     # the provider has answered the alias (a response, or headers stated before the seed), and
     # it has rejected a call for a rate limit: together they end the launch ramp (``ramping``)
     answered: bool = False
@@ -279,8 +286,17 @@ class BudgetState:
         """Launches are frozen: after a 429 (cooldown) or an overload (backoff)."""
         return now < self.cooldown_until or now < self.backoff_until
 
-    def is_stale(self, now: float) -> bool:
-        return now - self.seeded_at > self.stale_after_s
+    def is_stale(self, now: float, cls: BudgetClass | None = None) -> bool:
+        """The seed is older than ``stale_after_s`` (with ``cls``: that class's seed, which
+        a measurement of the provider may have renewed, ``class_seeded_at``)."""
+        seeded_at = self.seeded_at
+        if cls is not None:
+            seeded_at = max(seeded_at, self.class_seeded_at.get(cls, NEG_INF))
+        return now - seeded_at > self.stale_after_s
+
+    def measured_seed(self, cls: BudgetClass, now: float) -> Mapping[BudgetClass, float]:
+        """``class_seeded_at`` with the class's seed measured at ``now``."""
+        return {**self.class_seeded_at, cls: now}
 
     def remembers_429_level(self, cls: BudgetClass, now: float, config: ControllerConfig) -> bool:
         """The class's last 429 level still caps its growth at ``now`` (for its own memory,

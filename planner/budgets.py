@@ -23,8 +23,9 @@ Rules, in the order ``step`` applies them:
    stated, never restated by success headers, would cap the budget for good, past a raise).
 2. Stale seed (``now - seeded_at > stale_after_s``): re-seed from the latest header limits seen
    within ``stale_after_s`` when there are any; otherwise keep the values and report ``stale``.
-   A stale seed nothing re-seeded is a guess either way: growth may take a budget to
-   ``stale_max_over_seed`` x it (3x, not 1.5x: rule 6), and a 429 above it cuts by ``cut``
+   A stale seed nothing re-seeded (nor measured since: a recount to a measured limit,
+   ``BudgetState.class_seeded_at``, renews its class) is a guess either way: growth may take
+   a budget to ``stale_max_over_seed`` x it (3x, not 1.5x: rule 6), and a 429 above it cuts by ``cut``
    from the level reached, not down to the seed (rule 4's ``cut_to_seed``). Budgets are never
    0: every budget is floored at ``min_fraction`` of its seed (> 0).
 3. Spend/billing errors → ``pause_run``. Overload (529/503) and a per-day limit's 429
@@ -428,7 +429,7 @@ def step(
             rebased.append(cls)
             why = "the provider accepted more than the seed allows" if proven else "clean"
             notes.append(
-                f"{cls}: held at {budget_moves.over_seed(state, now, config):g}x its seed for "
+                f"{cls}: held at {budget_moves.over_seed(state, cls, now, config):g}x its seed for "
                 f"{held_s:g} s ({why}): seed re-based up to {state.seed.get(cls):.6g}"
             )
 

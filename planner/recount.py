@@ -24,13 +24,15 @@ __all__ = ["recounted"]
 
 
 def recounted(
-    state: BudgetState, cached_input_counts: bool, measured: float | None = None
+    state: BudgetState, cached_input_counts: bool, now: float, measured: float | None = None
 ) -> BudgetState:
     """The alias's cache-counting belief changed. The token seed and budget go to the stated
     limit, which measures them in the new units, or where none is stated to ``measured``, the
     limit as the drained rates read it in the new units (a budget kept at its number in the old
-    units is off by the ratio of the two countings: fivefold on a trace's late calls); with
-    neither, they keep their number (the operator's seed, read in the new units). Its cuts and
+    units is off by the ratio of the two countings: fivefold on a trace's late calls), and the
+    class's seed is then fresh (``BudgetState.class_seeded_at``: a stale config's 3x growth
+    ceiling is for a guess, not for a limit measured at ``now``); with neither, they keep
+    their number (the operator's seed, read in the new units). Its cuts and
     429 levels were measured in the old units and are dropped, and so are the rates accepted at
     the 429s that named no limit: their token rates were read in the old units, and the blame
     of the next such 429 (the class whose rate held steady across them) would find the token
@@ -40,14 +42,17 @@ def recounted(
         return state
     cls = BudgetClass.TOKENS
     seed, budgets = state.seed, state.budgets
+    class_seeded_at = state.class_seeded_at
     level = state.hard_caps.get(cls, measured)
     if level is not None and math.isfinite(level) and level > 0:
         seed, budgets = seed.with_value(cls, level), budgets.with_value(cls, level)
+        class_seeded_at = state.measured_seed(cls, now)
     return replace(
         state,
         cached_input_counts=cached_input_counts,
         seed=seed,
         budgets=budgets,
+        class_seeded_at=class_seeded_at,
         rebase_up_streak={k: v for k, v in state.rebase_up_streak.items() if k is not cls},
         proven_rate={k: v for k, v in state.proven_rate.items() if k is not cls},
         unknown_samples=(),

@@ -433,7 +433,7 @@ class PlannerPolicy:
         )
         self.pacer.cached_input_counts = counts
         self._counted = self._counted_as[counts]
-        self.state = recounted(self.state, counts, measured)
+        self.state = recounted(self.state, counts, now, measured)
         self.pacer.set_budgets(self.state.budgets, now)
 
     def _update_progress(self) -> None:

@@ -275,7 +275,7 @@ def _drained_for_blame(
         measured,
     )
     flipped = {**read.rates, BudgetClass.TOKENS: read.other_tokens}
-    return flipped, counting, recounted(state, counts, measured)
+    return flipped, counting, recounted(state, counts, now.timestamp(), measured)
 
 
 def _fed_by(previous: pacer_state.PreviousDecision) -> bool:
@@ -399,7 +399,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
                 name,
                 "count" if counts else "do not count",
             )
-            state = recounted(state, counts)
+            state = recounted(state, counts, now.timestamp())
         curve = curve_for(harness).curve
         progress = _smoothed(prior.progress, window, curve, prior.window_s)
         warmup_s = sizing_config().boot_s + curve.mean_duration_s()

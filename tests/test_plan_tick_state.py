@@ -47,6 +47,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         level_memory_s={BudgetClass.REQUESTS: 2400.0},
         rebase_up_streak={BudgetClass.TOKENS: 2},
         proven_rate={BudgetClass.TOKENS: 24_000.0},
+        class_seeded_at={BudgetClass.TOKENS: 96.0},
     )
     assert pacer_state.state_from_json(pacer_state.state_to_json(busy), source="t") == busy
     # a state saved before the re-base-up rule (or the steadiest-class blame) lacks their fields
@@ -60,6 +61,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         "rebase_up_streak",
         "proven_rate",
         "last_stated",
+        "class_seeded_at",
     ):
         del old[key]
     assert pacer_state.state_from_json(old, source="t") == state
