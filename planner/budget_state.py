@@ -256,8 +256,8 @@ class BudgetState:
     # drained rates or a header state in the new units, ``planner.recount``): that seed is no
     # guess, so it is not stale for ``stale_after_s`` after, though the rest of the
     # operator's config may be. Rule 5's and rule 7's re-bases do not renew it: measured,
-    # that kept fewer held-out runs within the targets (a limit raised mid-run is found by a
-    # stale seed's 3x climb)
+    # that met the targets on at most one more held-out run and slowed them (a limit raised
+    # mid-run is found by a stale seed's 3x climb; docs/bench-planner.md, thirtieth round)
     class_seeded_at: Mapping[BudgetClass, float] = field(default_factory=dict)
     # the provider has answered the alias (a response, or headers stated before the seed), and
     # it has rejected a call for a rate limit: together they end the launch ramp (``ramping``)
