@@ -294,8 +294,8 @@ class BudgetState:
             seeded_at = max(seeded_at, self.class_seeded_at.get(cls, NEG_INF))
         return now - seeded_at > self.stale_after_s
 
-    def measured_seed(self, cls: BudgetClass, now: float) -> Mapping[BudgetClass, float]:
-        """``class_seeded_at`` with the class's seed measured at ``now``."""
+    def class_seed_renewed(self, cls: BudgetClass, now: float) -> Mapping[BudgetClass, float]:
+        """``class_seeded_at`` with the class's seed renewed at ``now`` (measured then)."""
         return {**self.class_seeded_at, cls: now}
 
     def remembers_429_level(self, cls: BudgetClass, now: float, config: ControllerConfig) -> bool:

@@ -46,7 +46,7 @@ def recounted(
     level = state.hard_caps.get(cls, measured)
     if level is not None and math.isfinite(level) and level > 0:
         seed, budgets = seed.with_value(cls, level), budgets.with_value(cls, level)
-        class_seeded_at = state.measured_seed(cls, now)
+        class_seeded_at = state.class_seed_renewed(cls, now)
     return replace(
         state,
         cached_input_counts=cached_input_counts,
