@@ -347,7 +347,7 @@ class Gateway:
             latency = time.monotonic() - started
             out_headers = passthrough_headers(upstream.headers)
             if upstream.status_code == 200:
-                self.book.observe(call, upstream, LimitType.NONE, None, None)
+                self.book.observe(call, upstream, LimitType.NONE, None, None, latency)
                 self._sync_pacer(call, upstream)
                 try:
                     usage_from_body(call.flavour, json.loads(raw), call.usage)
@@ -360,7 +360,9 @@ class Gateway:
                     raw, status_code=200, headers=out_headers, media_type="application/json"
                 )
             verdict = classify(upstream.status_code, upstream.headers, raw, now_epoch=self._clock())
-            self.book.observe(call, upstream, verdict.limit_type, verdict.limits, verdict.remaining)
+            self.book.observe(
+                call, upstream, verdict.limit_type, verdict.limits, verdict.remaining, latency
+            )
             if verdict.remaining:
                 # the provider's bucket is emptier than the pacer's: retries must not storm it
                 self.pacer.observe_remaining(call.alias.name, verdict.remaining)
@@ -430,7 +432,7 @@ class Gateway:
             task.add_done_callback(gateway._settling.discard)
 
         headers = passthrough_headers(upstream.headers)
-        self.book.observe(call, upstream, LimitType.NONE, None, None)
+        self.book.observe(call, upstream, LimitType.NONE, None, None, time.monotonic() - started)
         self.book.note_outcome(call, rejected=False)
         self._sync_pacer(call, upstream)
         return RelayedStream(

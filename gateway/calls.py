@@ -18,7 +18,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import httpx
@@ -195,8 +195,10 @@ class CallBook:
         limit_type: LimitType,
         limits: Any,
         remaining: Any,
+        latency_s: float,
     ) -> None:
-        """Keep the alias's latest rate-limit headers, and what a 429 stated, for the planner."""
+        """Keep the alias's latest rate-limit headers, and what a 429 stated, for the planner;
+        ``latency_s``: from the attempt's send to these headers."""
         headers = {
             k: v for k, v in passthrough_headers(upstream.headers).items() if "ratelimit" in k
         }
@@ -221,6 +223,7 @@ class CallBook:
                 last_limit_type=limit_type.value if limited else None,
                 last_limited_at=now if limited else None,
                 complete_before=self.complete_before(call.alias.name, now),
+                answered_sent_at=now - timedelta(seconds=max(0.0, latency_s)),
                 throttle_limits=(
                     {str(k): float(v) for k, v in limits.items()} if limited and limits else {}
                 ),

@@ -22,7 +22,13 @@ from sqlalchemy import insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ledger.models import COMPLETE_BEFORE_KEY, THROTTLE_LIMITS_KEY, AliasObservation, LlmCall
+from ledger.models import (
+    ANSWERED_SENT_AT_KEY,
+    COMPLETE_BEFORE_KEY,
+    THROTTLE_LIMITS_KEY,
+    AliasObservation,
+    LlmCall,
+)
 from planner.classify import parse_rate_limit_headers
 
 log = logging.getLogger(__name__)
@@ -45,6 +51,9 @@ class Observation:
     # every call of the alias requested before this had been answered (its row recorded before
     # this observation): a span of sent calls that ends by then is complete (tasks.plan_counting)
     complete_before: datetime | None = None
+    # when the attempt that carried these headers was sent upstream: every call sent before it
+    # is charged in the remaining they state (planner.cache_counting.dip_window)
+    answered_sent_at: datetime | None = None
 
 
 def parsed_limits(obs: Observation) -> dict[str, Any]:
@@ -157,6 +166,8 @@ class CallRecorder:
                     limits[THROTTLE_LIMITS_KEY] = obs.throttle_limits
                 if obs.complete_before is not None:
                     limits[COMPLETE_BEFORE_KEY] = obs.complete_before.timestamp()
+                if obs.answered_sent_at is not None:
+                    limits[ANSWERED_SENT_AT_KEY] = obs.answered_sent_at.timestamp()
                 session.merge(
                     AliasObservation(
                         alias=obs.alias,

@@ -8,6 +8,8 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
 * ``sent_between``: the tokens of the calls the provider accepted, requested in a span, split
   into what counts either way (uncached input, plus output for a combined limit) and cache
   reads.
+* ``calls_sent_between``: the same calls one by one, with when each was sent upstream (its
+  request plus its pacer wait), for the dip of a reading (``planner.cache_counting.dip_window``).
 * ``longest_recent_wait``: the longest time from a call's request to its answer (pacer wait plus
   latency) over a recent look-back: how long a span waits for its calls when the gateway's
   observation does not say (one written by an older gateway).
@@ -20,20 +22,27 @@ from datetime import datetime
 from sqlalchemy import Connection, func, select
 
 from ledger.clock import as_utc
-from ledger.models import COMPLETE_BEFORE_KEY, SERVED_STATUSES, AliasObservation, LlmCall
+from ledger.models import (
+    ANSWERED_SENT_AT_KEY,
+    COMPLETE_BEFORE_KEY,
+    SERVED_STATUSES,
+    AliasObservation,
+    LlmCall,
+)
 from ledger.pacer_window import stated_limits, stated_remaining
 from planner.budget_state import BudgetClass, TokenClass
 from planner.budgets import header_classes
 from planner.cache_counting import BucketReading
 
-__all__ = ["counted_bucket", "longest_recent_wait", "sent_between"]
+__all__ = ["calls_sent_between", "counted_bucket", "longest_recent_wait", "sent_between"]
 
 
 def counted_bucket(
     conn: Connection, alias: str, token_class: TokenClass
 ) -> tuple[BucketReading | None, float | None]:
     """From ``alias``'s latest observation, in one read: the stated limit and remaining of its
-    counted token class (None: not stated), and the epoch seconds before which every call the
+    counted token class (None: not stated), charged through the send of the attempt that carried
+    it where the gateway says when that was, and the epoch seconds before which every call the
     gateway saw requested had been answered and recorded (None: it does not say)."""
     row = conn.execute(
         select(AliasObservation.observed_at, AliasObservation.limits).where(
@@ -42,10 +51,9 @@ def counted_bucket(
     ).first()
     if row is None or not isinstance(row[1], dict):
         return None, None
-    stated = row[1].get(COMPLETE_BEFORE_KEY)
-    complete = (
-        float(stated) if isinstance(stated, int | float) and not isinstance(stated, bool) else None
-    )
+    complete = _epoch(row[1].get(COMPLETE_BEFORE_KEY))
+    observed_at = as_utc(row[0]).timestamp()
+    sent_at = _epoch(row[1].get(ANSWERED_SENT_AT_KEY))
     limits = header_classes(
         stated_limits(row[1].get("limits")), token_class=token_class, has_output_budget=False
     )
@@ -55,7 +63,14 @@ def counted_bucket(
     limit, remaining = limits.get(BudgetClass.TOKENS), left.get(BudgetClass.TOKENS)
     if limit is None or remaining is None:
         return None, complete
-    return BucketReading(as_utc(row[0]).timestamp(), limit / 60.0, remaining), complete
+    through = None if sent_at is None else min(sent_at, observed_at)
+    return BucketReading(observed_at, limit / 60.0, remaining, through), complete
+
+
+def _epoch(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def sent_between(
@@ -77,6 +92,30 @@ def sent_between(
         )
     ).one()
     return float(row[0]), float(row[1])
+
+
+def calls_sent_between(
+    conn: Connection, alias: str, start: datetime, end: datetime, token_class: TokenClass
+) -> list[tuple[float, float, float]]:
+    """(sent at, base, cache reads) of the accepted first attempts of ``alias`` requested in
+    [start, end); sent at: epoch seconds of the request plus its pacer wait. A retried call's
+    last attempt went out after waits the ledger does not keep: it is left out (what is sent
+    is then under-stated, which can only keep the belief that cache reads count)."""
+    base = LlmCall.input_tokens - LlmCall.cached_input_tokens
+    if token_class == "combined":
+        base = base + LlmCall.output_tokens
+    rows = conn.execute(
+        select(LlmCall.requested_at, LlmCall.pacer_wait_s, base, LlmCall.cached_input_tokens).where(
+            LlmCall.alias == alias,
+            LlmCall.status.in_(SERVED_STATUSES),
+            LlmCall.retry.is_(False),
+            LlmCall.requested_at >= start,
+            LlmCall.requested_at < end,
+        )
+    ).all()
+    return [
+        (as_utc(at).timestamp() + float(wait or 0.0), float(b), float(c)) for at, wait, b, c in rows
+    ]
 
 
 def longest_recent_wait(

@@ -298,6 +298,12 @@ COMPLETE_BEFORE_KEY = "complete_before"
 alias the gateway saw requested had been answered and recorded when it made the observation
 (written by the gateway's recorder, read by ``ledger.charges.counted_bucket``)."""
 
+ANSWERED_SENT_AT_KEY = "answered_sent_at"
+"""Key of ``AliasObservation.limits`` holding the epoch seconds at which the attempt whose answer
+carried the observation was sent upstream: a provider states its bucket as of some moment
+between that send and the answer, so every call sent before it is charged in what the headers
+say remains (written by the gateway's recorder, read by ``ledger.charges.counted_bucket``)."""
+
 
 class AliasObservation(Base):
     """Per gateway alias: the provider's latest rate-limit headers, kept by the gateway for the

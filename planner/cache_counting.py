@@ -24,6 +24,17 @@ belief explains the provider:
 Evidence needs volume (a share of the bucket) and cache reads that matter (a share of the base);
 otherwise the belief stands.
 
+Where the pacer sends at the stated limit in the units of a belief that cache reads count, and
+the provider does not count them, the bucket stays nearly full: refill is lost at both ends of
+every span, and the bound cannot fall below what was sent. The calls sent just before a reading
+still say it (``dip_window``): a bucket holds at most its capacity, so what the provider charged
+over the last ``t`` seconds before a reading is at most ``L x t + capacity - R``. A call of 8% of
+the bucket counted, sent a second before a reading that finds the bucket 97% full, was not
+charged its cache reads (wide-1928 of ``sim.generate_wide``: 83% of its input cached, the pacer
+at the stated limit in counted units, a run at a third of the provider's speed with no 429 to
+correct it). Such a dip needs no volume, only an excess that is a clear share of the bucket, and
+is taken as evidence when ``min_dips`` readings say it.
+
 What was sent in a span is known only once its calls have been answered (the gateway records a
 call at its response). A span closed while calls sent in it were still in flight under-states
 what was sent, and the provider seems to have charged more than the base: "cache reads count",
@@ -47,6 +58,7 @@ __all__ = [
     "BucketReading",
     "ChargeWindow",
     "CountingConfig",
+    "dip_window",
     "infer_cached_input_counts",
     "span_close_lag_s",
 ]
@@ -68,11 +80,14 @@ def span_close_lag_s(base_lag_s: float, longest_recent_latency_s: float | None) 
 @dataclass(frozen=True, slots=True)
 class BucketReading:
     """The provider's counted token bucket as stated at ``at`` (seconds): its limit per second
-    and what remained of it."""
+    and what remained of it. ``charged_through``: every call sent before it had been charged in
+    ``remaining`` (a header states the bucket as of some moment between the answered call's
+    send and its answer: that send; None: ``at``, as a simulated provider read at once)."""
 
     at: float
     limit_per_s: float
     remaining: float
+    charged_through: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +154,10 @@ class CountingConfig:
     min_cached_share_excess: float = 0.1
     counts_share: float = 0.5  # charged at least base + this x cache reads: they count [0.1, 0.9]
     excess_share: float = 0.3  # sent over the bound by this x cache reads: they don't [0.1, 0.9]
+    # a dip (``dip_window``) says cache reads do not count when sent over its bound by this
+    # share of the bucket as well [0.005, 0.5], on this many readings of the last spans [1, 8]
+    dip_share: float = 0.02
+    min_dips: int = 2
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -149,6 +168,8 @@ class CountingConfig:
             ("min_cached_share_excess", 0.0, 10.0),
             ("counts_share", 0.1, 0.9),
             ("excess_share", 0.1, 0.9),
+            ("dip_share", 0.005, 0.5),
+            ("min_dips", 1, 8),
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and lo <= value <= hi):
@@ -157,11 +178,54 @@ class CountingConfig:
             raise ConfigError("cache-counting config", problems)
 
 
-def infer_cached_input_counts(
-    windows: Sequence[ChargeWindow], believed: bool, config: CountingConfig | None = None
-) -> bool:
-    """The belief the windows support: ``believed`` unless they clearly contradict it."""
+def dip_window(
+    reading: BucketReading,
+    sent: Sequence[tuple[float, float, float]],
+    config: CountingConfig | None = None,
+) -> ChargeWindow | None:
+    """The span before ``reading`` that says most against "cache reads count", its bucket taken
+    as full at the start (module docstring). ``sent``: (sent at, base, cache reads) of the
+    accepted calls sent, over any look-back (those sent after ``reading.charged_through`` may
+    not be in its ``remaining`` and are left out); None when none is left."""
     cfg = config or CountingConfig()
+    if reading.limit_per_s <= 0:
+        return None
+    through = reading.at if reading.charged_through is None else reading.charged_through
+    best: ChargeWindow | None = None
+    best_score = -math.inf
+    base = cached = 0.0
+    for at, call_base, call_cached in sorted(sent, key=lambda s: s[0], reverse=True):
+        if at >= through:
+            continue
+        base += call_base
+        cached += call_cached
+        span_s = max(reading.at - at, 1e-9)
+        score = base + (1.0 - cfg.excess_share) * cached - reading.limit_per_s * span_s
+        if score > best_score:
+            best_score = score
+            best = ChargeWindow(
+                span_s=span_s,
+                limit_per_s=reading.limit_per_s,
+                capacity=reading.limit_per_s * 60.0,
+                remaining_start=reading.limit_per_s * 60.0,
+                remaining_end=reading.remaining,
+                base=base,
+                cached=cached,
+            )
+    return best
+
+
+def infer_cached_input_counts(
+    windows: Sequence[ChargeWindow],
+    believed: bool,
+    config: CountingConfig | None = None,
+    dips: Sequence[ChargeWindow] = (),
+) -> bool:
+    """The belief the windows (and the ``dip_window`` of their readings) support: ``believed``
+    unless they clearly contradict it."""
+    cfg = config or CountingConfig()
+    if believed and sum(_dip_over_bound(w, cfg) for w in dips) >= cfg.min_dips:
+        return False
     usable = [w for w in windows if w.limit_per_s > 0 and w.capacity > 0 and w.span_s > 0]
     if not usable:
         return believed
@@ -195,6 +259,18 @@ def _sent_over_bound(run: Sequence[ChargeWindow], capacity: float, cfg: Counting
     return (
         _matters(base, cached, capacity, cfg, cfg.min_cached_share_excess)
         and base + cached > bound + cfg.excess_share * cached
+    )
+
+
+def _dip_over_bound(window: ChargeWindow, cfg: CountingConfig) -> bool:
+    """A dip sent over its bound by a clear share of its cache reads and of the bucket."""
+    if window.limit_per_s <= 0 or window.capacity <= 0:
+        return False
+    over = window.base + window.cached - window.charge_bound
+    return (
+        window.cached >= cfg.min_cached_share_excess * window.base
+        and over > cfg.excess_share * window.cached
+        and over >= cfg.dip_share * window.capacity
     )
 
 

@@ -8,14 +8,15 @@ been answered (or rejected: a rejected call is charged no tokens), as the planne
 the gateway's word (``alias_observations.limits.complete_before``): a span closed while calls sent in it are
 still in flight under-states what was sent, and reads as "cache reads count". One snapshot of
 the counted token class's stated limit and remaining per planner tick marks the span
-boundaries; a span across a change of the stated limit is dropped.
+boundaries; a span across a change of the stated limit is dropped. Each closed span also yields
+the ``planner.cache_counting.dip_window`` of its end reading, from the calls sent in it.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from planner.cache_counting import BucketReading, ChargeWindow
+from planner.cache_counting import BucketReading, ChargeWindow, dip_window
 
 SPAN_TICKS = 1  # a span is 1 planner tick (15 s)
 KEEP = 8  # spans kept as evidence
@@ -33,6 +34,7 @@ class ChargeTracker:
         # oldest first
         self._in_flight: dict[int, float] = {}
         self.windows: deque[ChargeWindow] = deque(maxlen=KEEP)
+        self.dips: deque[ChargeWindow] = deque(maxlen=KEEP)
 
     def admitted(self, call: int, at: float, base: float, cached: float) -> None:
         """A call the pacer admitted (the provider may still reject it; a retry is admitted
@@ -90,9 +92,13 @@ class ChargeTracker:
         cached = sum(c for _, _, c in inside)
         if start.limit_per_s != end.limit_per_s:
             return False
+        dip = dip_window(end, inside)
+        if dip is not None:
+            self.dips.append(dip)
         self.windows.append(ChargeWindow.between(start, end.at, end.remaining, base, cached))
         return True
 
     def restart(self) -> None:
         """Evidence gathered under the old belief is spent."""
         self.windows.clear()
+        self.dips.clear()

@@ -417,7 +417,9 @@ class PlannerPolicy:
         if not self.charges.observe(now, limit, remaining):
             return
         believed = self.counting.cached_input_counts
-        counts = infer_cached_input_counts(list(self.charges.windows), believed)
+        counts = infer_cached_input_counts(
+            list(self.charges.windows), believed, dips=list(self.charges.dips)
+        )
         if counts != believed:
             self._recount(counts, now)
 

@@ -9,7 +9,8 @@ says so with its observation (the oldest call it has in flight, read with the bu
 recent calls (``planner.cache_counting.span_close_lag_s``). A span closed sooner under-states
 what was sent and reads as "cache reads count". ``ledger.charges.sent_between`` sums what was
 sent in a closed span. The last ``KEEP`` spans are the
-evidence; when they contradict the alias's belief, ``advance`` says so and the tick flips the
+evidence, with the dip of each span's end reading (``planner.cache_counting.dip_window``, from
+the calls sent over the ``DIP_LOOKBACK_S`` before it: ``ledger.charges.calls_sent_between``); when they contradict the alias's belief, ``advance`` says so and the tick flips the
 state's ``cached_input_counts`` (``planner.recount.recounted``): the tick's accounting, the
 sizing and the token budget follow, and the gateway's pacer follows through the alias's Prefect
 variable (``gateway.pacer_prefect.push_budgets``).
@@ -31,13 +32,14 @@ from typing import Any
 from sqlalchemy import Connection
 
 from evalfleet.errors import ConfigError
-from ledger.charges import counted_bucket, longest_recent_wait, sent_between
+from ledger.charges import calls_sent_between, counted_bucket, longest_recent_wait, sent_between
 from planner.budget_state import BudgetClass, TokenClass
 from planner.cache_counting import (
     LATENCY_LOOKBACK_S,
     MAX_CLOSE_LAG_S,
     BucketReading,
     ChargeWindow,
+    dip_window,
     infer_cached_input_counts,
     span_close_lag_s,
 )
@@ -46,6 +48,9 @@ from planner.drain_belief import DrainSample, judged
 SPAN_S = 30.0  # a span covers at least this long
 LAG_S = 30.0  # and closes this long after its end, plus the longest recent wait and latency
 KEEP = 8  # spans kept as evidence
+# a dip reads the calls sent this long before its reading (requested up to twice as long before:
+# a call that waited longer in the pacer is left out, which only under-states what was sent)
+DIP_LOOKBACK_S = 15.0
 _ANCHORS = 16  # anchors kept while a span is open
 
 _WINDOW_FIELDS = (
@@ -61,18 +66,25 @@ _WINDOW_FIELDS = (
 
 @dataclass(frozen=True)
 class CountingEvidence:
-    """Bucket readings not yet spanned, the last spans closed, and the drained rates of the
-    latest ticks that read them (absent in evidence saved before: none)."""
+    """Bucket readings not yet spanned, the last spans closed, the dips of their end readings,
+    and the drained rates of the latest ticks that read them (absent in evidence saved before:
+    none)."""
 
     anchors: tuple[BucketReading, ...] = ()
     windows: tuple[ChargeWindow, ...] = ()
     drained: tuple[DrainSample, ...] = ()
+    dips: tuple[ChargeWindow, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "anchors": [[a.at, a.limit_per_s, a.remaining] for a in self.anchors],
+            "anchors": [
+                [a.at, a.limit_per_s, a.remaining]
+                + ([] if a.charged_through is None else [a.charged_through])
+                for a in self.anchors
+            ],
             "windows": [[getattr(w, f) for f in _WINDOW_FIELDS] for w in self.windows],
             "drained": [[d.believed, d.other, d.requests, d.output] for d in self.drained],
+            "dips": [[getattr(w, f) for f in _WINDOW_FIELDS] for w in self.dips],
         }
 
     @classmethod
@@ -85,17 +97,19 @@ class CountingEvidence:
         problems: list[str] = []
         anchors: list[BucketReading] = []
         windows: list[ChargeWindow] = []
+        dips: list[ChargeWindow] = []
         drained: list[DrainSample] = []
         for i, item in enumerate(raw.get("anchors") or []):
-            if _numbers(item, 3):
+            if _numbers(item, 3) or _numbers(item, 4):
                 anchors.append(BucketReading(*(float(x) for x in item)))
             else:
-                problems.append(f"counting.anchors[{i}]: must be 3 numbers")
-        for i, item in enumerate(raw.get("windows") or []):
-            if _numbers(item, len(_WINDOW_FIELDS)):
-                windows.append(ChargeWindow(*(float(x) for x in item)))
-            else:
-                problems.append(f"counting.windows[{i}]: must be {len(_WINDOW_FIELDS)} numbers")
+                problems.append(f"counting.anchors[{i}]: must be 3 or 4 numbers")
+        for key, into in (("windows", windows), ("dips", dips)):
+            for i, item in enumerate(raw.get(key) or []):
+                if _numbers(item, len(_WINDOW_FIELDS)):
+                    into.append(ChargeWindow(*(float(x) for x in item)))
+                else:
+                    problems.append(f"counting.{key}[{i}]: must be {len(_WINDOW_FIELDS)} numbers")
         for i, item in enumerate(raw.get("drained") or []):
             if isinstance(item, list) and len(item) == 4 and _numbers(item[:3], 3):
                 output = item[3]
@@ -112,7 +126,7 @@ class CountingEvidence:
             problems.append(f"counting.drained[{i}]: must be 3 numbers and a number or null")
         if problems:
             raise ConfigError(source, problems)
-        return cls(tuple(anchors), tuple(windows), tuple(drained))
+        return cls(tuple(anchors), tuple(windows), tuple(drained), tuple(dips))
 
 
 def _numbers(item: Any, n: int) -> bool:
@@ -136,6 +150,7 @@ def advance(
     new evidence and the belief it supports (on a change, the old evidence is spent)."""
     anchors = list(evidence.anchors)
     windows = list(evidence.windows)
+    dips = list(evidence.dips)
     reading, complete = counted_bucket(conn, alias, token_class)
     if reading is not None and (not anchors or reading.at > anchors[-1].at):
         anchors.append(reading)
@@ -154,11 +169,19 @@ def advance(
             continue  # the stated limit changed inside the span: it says nothing
         base, cached = sent_between(conn, alias, _utc(start.at), _utc(end.at), token_class)
         windows.append(ChargeWindow.between(start, end.at, end.remaining, base, cached))
+        recent = calls_sent_between(
+            conn, alias, _utc(end.at - 2 * DIP_LOOKBACK_S), _utc(end.at), token_class
+        )
+        dip = dip_window(end, [c for c in recent if c[0] >= end.at - DIP_LOOKBACK_S])
+        if dip is not None:
+            dips.append(dip)
     anchors = anchors[-_ANCHORS:]
     windows = windows[-KEEP:]
-    counts = infer_cached_input_counts(windows, believed)
+    dips = dips[-KEEP:]
+    counts = infer_cached_input_counts(windows, believed, dips=dips)
     if counts == believed:
-        return CountingEvidence(tuple(anchors), tuple(windows), evidence.drained), counts
+        evidence = CountingEvidence(tuple(anchors), tuple(windows), evidence.drained, tuple(dips))
+        return evidence, counts
     return CountingEvidence(tuple(anchors[-1:])), counts
 
 

@@ -9,6 +9,7 @@ from planner.cache_counting import (
     BucketReading,
     ChargeWindow,
     CountingConfig,
+    dip_window,
     infer_cached_input_counts,
 )
 from planner.drain_belief import DrainSample
@@ -102,6 +103,72 @@ def test_an_over_send_is_not_diluted_by_spans_that_sent_under_the_bound() -> Non
     assert infer_cached_input_counts([booting, slight, *steady], believed=True) is True
 
 
+# a call of 8% of the bucket counted, 83% of it cache reads (wide-1928 of sim.generate_wide)
+CALL_BASE, CALL_CACHED = 0.0136 * CAP, 0.0664 * CAP
+
+
+def test_a_call_sent_just_before_a_nearly_full_reading_was_not_charged_its_cache_reads() -> None:
+    """wide-1928: believed counted, the pacer sent at the stated limit in counted units into a
+    provider that ignores cache reads; its bucket stayed 97-100% full, so every span lost refill
+    and its bound never fell below what was sent (ratio 3.37, no 429). A bucket holds at most
+    its capacity: a reading a second after an 8% call that finds it 97% full says the call was
+    charged at most 1.7% + 3%."""
+    readings = [BucketReading(at, LIMIT, 0.97 * CAP) for at in (15.0, 30.0)]
+    dips = [dip_window(r, [(r.at - 1.0, CALL_BASE, CALL_CACHED)]) for r in readings]
+    assert all(d is not None for d in dips)
+    full = [span(CAP, CAP, base=0.25 * CAP * 0.17, cached=0.25 * CAP * 0.83, span_s=15.0)] * 2
+    assert infer_cached_input_counts(full, believed=True) is True  # the spans cannot say it
+    assert infer_cached_input_counts(full, believed=True, dips=[d for d in dips if d]) is False
+    # one reading is not enough on its own (min_dips)
+    assert infer_cached_input_counts(full, believed=True, dips=[d for d in dips[:1] if d]) is True
+
+
+def test_a_bucket_that_dipped_by_the_whole_call_keeps_the_belief_that_cache_reads_count() -> None:
+    # the provider charged the 8% call in full; a second of refill later it reads 93.7% full
+    reading = BucketReading(15.0, LIMIT, CAP - (CALL_BASE + CALL_CACHED) + LIMIT)
+    dip = dip_window(reading, [(14.0, CALL_BASE, CALL_CACHED)])
+    assert dip is not None
+    assert dip.base + dip.cached <= dip.charge_bound
+    assert infer_cached_input_counts([], believed=True, dips=[dip, dip]) is True
+
+
+def test_the_dip_is_the_span_before_the_reading_that_says_most() -> None:
+    reading = BucketReading(15.0, LIMIT, 0.98 * CAP)
+    sent = [
+        (2.0, CALL_BASE, CALL_CACHED),  # long refilled by the reading: widening to it says less
+        (14.0, CALL_BASE, CALL_CACHED),
+        (14.5, CALL_BASE, CALL_CACHED),
+        (16.0, 9 * CAP, 0.0),  # sent after the reading: not in it
+    ]
+    dip = dip_window(reading, sent)
+    assert dip is not None
+    assert dip.span_s == pytest.approx(1.0)
+    assert dip.base == pytest.approx(2 * CALL_BASE)
+    assert dip.cached == pytest.approx(2 * CALL_CACHED)
+    assert dip.remaining_start == CAP  # the bucket taken as full at the start
+    assert dip_window(reading, []) is None
+
+
+def test_a_reading_counts_only_calls_sent_before_the_answered_attempt_was() -> None:
+    """A header states the bucket as of some moment between its call's send and its answer: a
+    call sent after that send may not be charged in it yet."""
+    sent = [(14.0, CALL_BASE, CALL_CACHED)]
+    stated_early = BucketReading(15.0, LIMIT, 0.97 * CAP, charged_through=13.0)
+    assert dip_window(stated_early, sent) is None
+    stated_late = BucketReading(15.0, LIMIT, 0.97 * CAP, charged_through=14.5)
+    dip = dip_window(stated_late, sent)
+    assert dip is not None and dip.span_s == pytest.approx(1.0)
+
+
+def test_sends_spread_at_the_limit_into_a_full_bucket_are_no_dip() -> None:
+    # the pacer at the stated limit in small calls: what the last seconds sent is their refill
+    reading = BucketReading(15.0, LIMIT, 0.995 * CAP)
+    sent = [(15.0 - i * 0.5, 0.17 * LIMIT * 0.5, 0.83 * LIMIT * 0.5) for i in range(1, 30)]
+    dip = dip_window(reading, sent)
+    assert dip is not None
+    assert infer_cached_input_counts([], believed=True, dips=[dip] * 8) is True
+
+
 @pytest.mark.parametrize(
     "windows",
     [
@@ -125,14 +192,17 @@ def test_stored_evidence_round_trips_and_bad_evidence_is_named() -> None:
     from tasks.plan_counting import CountingEvidence
 
     evidence = CountingEvidence(
-        (BucketReading(10.0, LIMIT, CAP),),
+        (BucketReading(10.0, LIMIT, CAP), BucketReading(25.0, LIMIT, 0.9 * CAP, 24.5)),
         (span(CAP, CAP, 1e6, 3e6),),
         (DrainSample(9_000.0, 2_000.0, 3.0, None), DrainSample(9_500.0, 2_010.0, 3.2, 400.0)),
+        (span(CAP, 0.97 * CAP, 1e5, 4e5, span_s=1.0),),
     )
     assert CountingEvidence.from_json(evidence.to_json(), source="t") == evidence
     assert CountingEvidence.from_json(None, source="t") == CountingEvidence()
     with pytest.raises(ConfigError, match=r"counting.anchors\[0\]"):
         CountingEvidence.from_json({"anchors": [[1.0, "x", 2.0]]}, source="pacer_states 'a'")
+    with pytest.raises(ConfigError, match=r"counting.dips\[0\]"):
+        CountingEvidence.from_json({"dips": [[1.0, 2.0]]}, source="t")
     with pytest.raises(ConfigError, match=r"counting.drained\[1\]"):
         CountingEvidence.from_json(
             {"drained": [[1.0, 2.0, 3.0, None], [1.0, 2.0, "x", None]]}, source="t"

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.orm import sessionmaker
 
 from ledger import pacer_state, pacer_window
-from ledger.models import COMPLETE_BEFORE_KEY, AliasObservation, LlmCall
+from ledger.models import ANSWERED_SENT_AT_KEY, COMPLETE_BEFORE_KEY, AliasObservation, LlmCall
 from planner.classify import LimitType
 from tasks import plan
 from tests import plan_tick_support
@@ -91,14 +91,18 @@ def test_a_limit_only_a_429_states_survives_later_successes(plan_ledger: Engine)
 # the provider's stated bucket against the cache-counting belief
 
 
-def _observe_bucket(eng: Engine, at: datetime, remaining: float) -> None:
-    """The gateway's latest headers: a combined 1.62M tokens/min limit with ``remaining``."""
-    values = {
-        "observed_at": at,
-        "status": 200,
-        "headers": {},
-        "limits": {"limits": {"tokens": 1_620_000.0}, "remaining": {"tokens": remaining}},
+def _observe_bucket(
+    eng: Engine, at: datetime, remaining: float, answered_sent_at: datetime | None = None
+) -> None:
+    """The gateway's latest headers: a combined 1.62M tokens/min limit with ``remaining``, on
+    the answer to an attempt sent at ``answered_sent_at`` (None: the gateway does not say)."""
+    limits: dict[str, Any] = {
+        "limits": {"tokens": 1_620_000.0},
+        "remaining": {"tokens": remaining},
     }
+    if answered_sent_at is not None:
+        limits[ANSWERED_SENT_AT_KEY] = answered_sent_at.timestamp()
+    values = {"observed_at": at, "status": 200, "headers": {}, "limits": limits}
     with eng.begin() as conn:
         conn.execute(delete(AliasObservation).where(AliasObservation.alias == ALIAS))
         conn.execute(insert(AliasObservation).values(alias=ALIAS, **values))
@@ -148,6 +152,59 @@ def test_the_stated_bucket_corrects_a_wrong_cache_counting_belief(
     assert row.counting is not None and row.counting["anchors"]
     if not provider_counts:
         assert row.state.budgets.tokens_per_s == pytest.approx(27_000.0)  # the stated limit
+
+
+def test_the_recorded_observation_says_when_its_attempt_was_sent(plan_ledger: Engine) -> None:
+    from gateway.recorder import CallRecorder, Observation
+    from ledger.charges import counted_bucket
+
+    recorder = CallRecorder(sessionmaker(plan_ledger))
+    sent = T0 - timedelta(seconds=7)
+    recorder.observe(
+        Observation(
+            alias=ALIAS,
+            observed_at=T0,
+            status=200,
+            headers={},
+            limits={"limits": {"tokens": 1_620_000.0}, "remaining": {"tokens": 1_000_000.0}},
+            answered_sent_at=sent,
+        )
+    )
+    asyncio.run(recorder.flush())
+    with plan_ledger.connect() as conn:
+        reading, _ = counted_bucket(conn, ALIAS, "combined")
+    assert reading is not None
+    assert reading.at == T0.timestamp() and reading.remaining == 1_000_000.0
+    assert reading.charged_through == sent.timestamp()
+
+
+@pytest.mark.parametrize("sent_before_the_answered_attempt", [True, False])
+def test_a_nearly_full_bucket_just_after_big_calls_says_cache_reads_do_not_count(
+    plan_ledger: Engine, sent_before_the_answered_attempt: bool
+) -> None:
+    """wide-1928 of sim.generate_wide, on the ledger: sim-openai believes cache reads count,
+    they do not, and the pacer sends at the stated limit (27k tokens/s) in counted units, 8
+    calls of 50.1k per 15 s, 45k of each cache reads. The provider charges 5.1k a call and its
+    bucket stays 99% full: every span lost refill, and what they sent is within their bound.
+    Two calls sent 1.5 s before a reading still say it: a bucket holds at most 1.62M, so the
+    provider charged at most 1.5 s of refill (40.5k) and the 1% missing (16.2k) since, not
+    the 100k counted. Where the answered attempt went out before those calls were sent, the
+    reading may predate their charge, and says nothing."""
+    add_run(plan_ledger, running=5, queued=30)
+    for k in range(10):
+        at = T0 + timedelta(seconds=15 * k)
+        _send(plan_ledger, at - timedelta(seconds=10), 6)
+        _send(plan_ledger, at - timedelta(seconds=2.5), 2)
+        answered = at - timedelta(seconds=2.0 if sent_before_the_answered_attempt else 3.0)
+        _observe_bucket(plan_ledger, at - timedelta(seconds=1), 0.99 * 1_620_000.0, answered)
+        plan.plan_tick(at, False)
+    row = stored(plan_ledger)
+    assert row.counting is not None
+    assert row.state.cached_input_counts is not sent_before_the_answered_attempt
+    if sent_before_the_answered_attempt:
+        assert row.state.budgets.tokens_per_s == pytest.approx(27_000.0)  # the stated limit
+    else:
+        assert row.counting["windows"], "the spans were closed and said nothing"
 
 
 @pytest.mark.parametrize("gateway_says", [True, False])

@@ -1,6 +1,7 @@
 """The gateway's call book: which calls of an alias are in flight, and the observation's word
 that every call requested before a time has been answered and recorded (``complete_before``),
-which closes the cache-counting inference's spans (``tasks.plan_counting``)."""
+which closes the cache-counting inference's spans (``tasks.plan_counting``), and when the
+answered attempt was sent (``answered_sent_at``), which bounds what its headers reflect."""
 
 from __future__ import annotations
 
@@ -70,6 +71,13 @@ def test_an_observation_carries_the_oldest_call_in_flight() -> None:
     book.started(slow)
     book.started(answered)
     upstream = httpx.Response(200, headers={"x-ratelimit-limit-requests": "600"})
-    book.observe(answered, upstream, LimitType.NONE, None, None)
+    before = datetime.now(UTC)
+    book.observe(answered, upstream, LimitType.NONE, None, None, 12.0)
+    after = datetime.now(UTC)
     (obs,) = recorder.observations
     assert obs.complete_before == T0  # the slow call, requested first, is not answered yet
+    # the answered attempt went out 12 s before its headers arrived: every call sent before
+    # then is charged in what they state remains
+    assert obs.answered_sent_at is not None
+    sent = timedelta(seconds=12)
+    assert before - sent <= obs.answered_sent_at <= after - sent

@@ -30,6 +30,11 @@ def test_a_span_closes_only_once_its_slow_call_is_answered() -> None:
     assert closed and closed[0] == 60.0
     first = tracker.windows[0]
     assert first.base == pytest.approx(6_000.0) and first.cached == pytest.approx(3_000.0)
+    # and the span's end reading has its dip: the calls sent before it, the bucket taken as full
+    dip = tracker.dips[0]
+    assert dip.remaining_start == dip.capacity and dip.remaining_end == 500_000.0
+    assert dip.span_s == pytest.approx(5.0)  # from the 50 s call's admission at 10 s to 15 s
+    assert dip.base == pytest.approx(5_000.0) and dip.cached == pytest.approx(3_000.0)
 
 
 def test_a_rejected_call_holds_no_span_open() -> None:

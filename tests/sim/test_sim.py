@@ -498,6 +498,23 @@ def test_after_a_flip_the_drained_token_rate_reads_the_new_units() -> None:
     assert drained_rate(uncached, now) < 0.5 * drained_rate(with_cache, now)
 
 
+def test_a_wrong_belief_hidden_by_a_full_bucket_is_corrected_by_its_dips() -> None:
+    """wide-1928 of sim.generate_wide: believed counted, 83% of the input cache reads that the
+    provider does not count. The pacer sends at the stated limit in counted units, the
+    provider's bucket stays 97-100% full, every span loses refill at both ends and what it sent
+    is within its bound: the run went at a third of the provider's speed (ratio 3.37) with no
+    429 to correct it. A call of 8% of the bucket sent just before a reading that finds it 97%
+    full says the provider did not charge its cache reads."""
+    from sim.generate_wide import wide_scenario
+
+    scenario = wide_scenario(1928)
+    assert scenario.alias_config.cached_input_counts and not scenario.provider.cached_input_counts
+    policy, row = simulate_planner(scenario)
+    assert [counts for _, counts in policy.recounted] == [False]
+    assert policy.recounted[0][0] < 1_800
+    assert row["ratio"] <= 1.2 and row["rate_429"] <= 0.005
+
+
 @pytest.mark.parametrize("counts", [True, False])
 def test_a_right_belief_is_never_flipped(counts: bool) -> None:
     policy, row = simulate_planner(_belief_scenario(provider_counts=counts, believed=counts))
