@@ -280,8 +280,9 @@ class PlannerPolicy:
             ):
                 events.append((at, amount))
                 # appended at responses, so not quite in time order: trimmed with a call's
-                # latency of slack (drained_rate reads only what is within the lookback)
-                while events[0][0] < now - LOOKBACK_S - DRAIN_TRIM_SLACK_S:
+                # latency of slack (drained_rate reads only what is within the lookback); a
+                # call answered after longer than that is itself trimmed, emptying the deque
+                while events and events[0][0] < now - LOOKBACK_S - DRAIN_TRIM_SLACK_S:
                     events.popleft()
             self._answered += 1
             self._accepted.append((now, call))
