@@ -163,24 +163,12 @@ def test_a_call_answered_after_longer_than_the_drain_lookback_finishes_the_run()
     """A call whose answer takes longer than the drained-rate lookback (plus its slack) is
     recorded and trimmed at once: the planner goes on, every instance finishes (wide-1213
     stopped the benchmark with an IndexError there)."""
-    scenario = parse_scenario(
-        parametric(
-            instances=6,
-            harness={
-                "parametric": {
-                    "calls": {"median": 3, "p90": 4},
-                    "first_input_tokens": 3000,
-                    "input_growth_per_call": 300,
-                    "output_tokens": {"median": 300, "p90": 400},
-                    "cached_share": 0.6,
-                    "gap_s": {"median": 3, "p90": 8},
-                },
-                "latency_s": {"base": 600.0, "per_output_token": 1.0},
-                "boot_s": {"min": 1, "max": 2},
-            },
-        ),
-        "s",
-    )
+    doc = parametric(instances=6)
+    doc["harness"]["parametric"]["calls"] = {"median": 3, "p90": 4}
+    doc["harness"]["parametric"]["output_tokens"] = {"median": 300, "p90": 400}
+    doc["harness"]["latency_s"] = {"base": 600.0, "per_output_token": 1.0}
+    doc["harness"]["boot_s"] = {"min": 1, "max": 2}
+    scenario = parse_scenario(doc, "s")
     workload = build_workload(scenario)
     row = run_policy(scenario, workload, "planner", lower_bound(scenario, workload))
     assert row["makespan_s"] is not None
