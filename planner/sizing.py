@@ -21,7 +21,11 @@ Owns the planner's core arithmetic (DESIGN.md, Planner steps 1-3 and 5):
   ``ramp_floor``): a first cohort sized on a seed above the limit would all boot and call
   before the first 429 could say so (binding ``launch_ramp``).
 * Caps, pause, cooldown and stale config turn the target into the ceiling and the launches
-  allowed now (see ``Binding`` for the order).
+  allowed now (see ``Binding`` for the order). While work is queued the target is at least one
+  task, even where one task's projected demand is above a budget (an operator's seed of 9
+  output tokens/s for a harness that writes more): the pacer holds that task's calls to the
+  budget, and its answers are what can correct the budget. A target of 0 would launch nothing,
+  hear nothing and never finish.
 
 Pure: the clock is an argument, nothing is read from the environment. Ages are binned (``age_bin_s``)
 so one decision costs the same for 100 or 10,000 live tasks. Its inputs (the fleet, caps,
@@ -284,7 +288,10 @@ def decide(
         if k_end > k:
             k, binding = k_end, b_end
     k = min(k, fleet.queued)
-    target = max(live + k, 0)
+    # a budget below one task's projected demand still gets a task while work is queued: the
+    # pacer holds its calls to the budget, where no fleet would draw no answer, header or 429
+    # to correct the budget by, and would never finish
+    target = max(live + k, 1 if fleet.queued > 0 else 0)
     ceiling = target
     for cap, name in (
         (caps.static, Binding.AT_CAPACITY),

@@ -133,14 +133,35 @@ def test_young_fleet_of_a_growing_curve_projects_its_future_token_demand() -> No
 def test_stale_config_never_drives_the_ceiling_to_zero_with_work_queued() -> None:
     """Lesson: stale config. Budgets floored to almost nothing must not give a 0 ceiling."""
     tiny = B(calls_per_s=1e-6, tokens_per_s=1e-6, inflight_tokens=1e-6)
-    naive = decide(fleet([]), flat_curve(), tiny, Counting(), Caps(), CFG)
-    assert naive.ceiling == 0  # what a planner trusting the stale numbers would do
     d = decide(fleet([], stale=True), flat_curve(), tiny, Counting(), Caps(), CFG)
     assert d.binding is Binding.STALE_CONFIG
     assert d.ceiling >= 1 and d.launches_allowed >= 1
+    floored = decide(
+        fleet([], stale=True), flat_curve(), tiny, Counting(), Caps(), replace(CFG, stale_floor=7)
+    )
+    assert (floored.ceiling, floored.launches_allowed) == (7, 7)
     # with nothing queued there is nothing to launch
     empty = decide(fleet([], queued=0, stale=True), flat_curve(), tiny, Counting(), Caps(), CFG)
     assert empty.launches_allowed == 0 and empty.binding is Binding.NO_WORK
+
+
+def test_a_budget_below_one_tasks_demand_still_gets_one_task_while_work_is_queued() -> None:
+    """An operator's seed below what one task of the harness draws (0.1 output tokens/s where a
+    task writes 10) sizes no fleet at all: nothing launched draws no answer to correct the
+    seed, and the run never finishes. One task goes, its calls held to the budget by the
+    pacer; the binding still names the budget."""
+    low = B(tokens_per_s=1e9, calls_per_s=1e9, output_tokens_per_s=0.1)
+    d = decide(fleet([]), flat_curve(), low, Counting(), Caps(), CFG)
+    assert (d.ceiling, d.launches_allowed, d.binding) == (1, 1, Binding.ARRIVAL_BUDGET)
+    assert d.saturating is Quantity.OUTPUT_TOKENS
+    # a live task over the budget is not joined by another; none queued, none launched
+    busy = decide(fleet([30.0]), flat_curve(), low, Counting(), Caps(), CFG)
+    assert (busy.ceiling, busy.launches_allowed) == (1, 0)
+    idle = decide(fleet([], queued=0), flat_curve(), low, Counting(), Caps(), CFG)
+    assert (idle.ceiling, idle.launches_allowed, idle.binding) == (0, 0, Binding.NO_WORK)
+    # an operator's override of 0 still stops launches
+    held = decide(fleet([]), flat_curve(), low, Counting(), Caps(override=0), CFG)
+    assert (held.ceiling, held.launches_allowed) == (0, 0)
 
 
 def test_caps_bind_in_order_and_are_named() -> None:

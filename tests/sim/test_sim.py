@@ -177,6 +177,28 @@ def test_a_call_answered_after_longer_than_the_drain_lookback_finishes_the_run()
     assert workload.latency.min() > 720.0
 
 
+def test_an_output_seed_below_one_tasks_demand_still_runs_the_queue() -> None:
+    """An alias whose output seed is a fraction of what one task writes, on a provider with no
+    output limit, launched nothing and stalled with the queue full (a fuzzed scenario: a seed
+    of 8.8 output tokens/s for the trace harness). One task at a time goes, its calls held to
+    the budget by the pacer, and the queue runs to its end (slowly: the seed is the
+    operator's, and no header states an output limit to replace it)."""
+    doc = parametric(instances=3)
+    doc["provider"] = {"tpm": 600_000, "headers": "openai"}
+    doc["alias_config"] = {
+        "calls_per_s": 8,
+        "tokens_per_s": 8000,
+        "output_tokens_per_s": 2.0,
+        "inflight_tokens": 2e6,
+    }
+    scenario = parse_scenario(doc, "s")
+    workload = build_workload(scenario)
+    row = run_policy(scenario, workload, "planner", lower_bound(scenario, workload))
+    assert row["makespan_s"] is not None, row
+    assert row["calls"] == len(workload.latency)
+    assert row["http_429"] == 0
+
+
 def test_lower_bound_integrates_a_limit_drop() -> None:
     base = parametric(provider={"rpm": None, "input_tpm": 60_000})
     steady = parse_scenario(base, "s")
