@@ -303,6 +303,7 @@ def fit_curve(
     smooth: bool = True,
     cv_folds: int = 5,
     fit_info: dict[str, Any] | None = None,
+    max_nodes: int = 240,
 ) -> FitResult:
     """Fit a ``HarnessCurve`` for ``harness`` from a table of calls (see the module docstring).
 
@@ -314,7 +315,10 @@ def fit_curve(
     bin rates at the nodes would bias bins where the rate bends, e.g. the first minute).
     With ``smooth`` a roughness penalty regularises the sparsely observed tail; its weight is
     chosen per quantity by ``cv_folds``-fold cross-validation over instances (see
-    ``planner.curve_smoothing``).
+    ``planner.curve_smoothing``). Where pooling leaves more than ``max_nodes`` bins, the
+    smallest exposure of one is raised until it does not: the solves grow faster than the
+    square of the nodes, and tasks of many hours at 60 s bins gave 512 nodes and a fit of
+    80 s (a parametric harness of ``sim.generate_wide``), or one of hours.
     """
     problems = []
     if not (math.isfinite(bin_s) and bin_s > 0):
@@ -323,6 +327,8 @@ def fit_curve(
         problems.append(f"survival_step_s: must be > 0, got {survival_step_s}")
     if tail_min_alive < 1:
         problems.append(f"tail_min_alive: must be >= 1, got {tail_min_alive}")
+    if max_nodes < 2:
+        problems.append(f"max_nodes: must be >= 2, got {max_nodes}")
     if latency_base_s < 0 or latency_per_output_token_s < 0:
         problems.append("latency_base_s, latency_per_output_token_s: must be >= 0")
     if problems:
@@ -335,6 +341,9 @@ def fit_curve(
     exposure, events = _bin_events(p, edges, None)
     centers = (edges[:-1] + edges[1:]) / 2.0
     groups = [g for g in _pool(exposure, min_exp) if exposure[g].sum() > 0]
+    while len(groups) > max_nodes:
+        min_exp *= len(groups) / max_nodes
+        groups = [g for g in _pool(exposure, min_exp) if exposure[g].sum() > 0]
     node_age = np.array([np.average(centers[g], weights=exposure[g]) for g in groups])
     group_exposure = np.array([exposure[g].sum() for g in groups])
     values = {

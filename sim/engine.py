@@ -153,6 +153,10 @@ class Simulation:
         last_t = 0.0
         live_area = 0.0
         last_progress = 0.0
+        # calls requested and not yet admitted (held at the gate or retrying after a 429): a
+        # stall is no admission for ``stall_s`` while one waits, or while nothing is live; an
+        # instance in a long tool gap with nothing waiting is the workload, not a stall
+        pending: set[int] = set()
 
         def push(t: float, kind: int, who: int) -> None:
             nonlocal seq
@@ -176,6 +180,7 @@ class Simulation:
             adm = provider.admit(t, charge)
             if adm.admitted:
                 last_progress = t
+                pending.discard(call)
                 assert adm.ticket is not None
                 tickets[call] = adm.ticket
                 push(t + latency[call], RESPONSE, call)
@@ -210,14 +215,20 @@ class Simulation:
         remaining = n
         while heap and remaining > 0:
             t, _, kind, who = heapq.heappop(heap)
-            if t > self.max_time_s or t - last_progress > self.stall_s:
-                # no call admitted for stall_s: the clients' retries keep the provider's
-                # request bucket empty (rejected requests count against it) - a livelock
+            if t > self.max_time_s or (
+                t - last_progress > self.stall_s and (pending or not (running or booting))
+            ):
+                # no call admitted for stall_s while calls wait: the clients' retries keep the
+                # provider's request bucket empty (rejected requests count against it) - a
+                # livelock; or the policy holds every call, or launches nothing
                 stats.stalled_at = t
                 break
             live_area += (len(running) + booting) * (t - last_t)
             last_t = t
             if kind == REQUEST:
+                if not pending:
+                    last_progress = t  # the wait starts now, not at the last admission
+                pending.add(who)
                 if gate is None:
                     send(t, who)
                 else:

@@ -29,6 +29,7 @@ from sim.scenario import Latency, Parametric, Scenario, Spread
 from sim.traces import load_calls, load_instances
 
 Z90 = 1.2815515655446004
+MIN_WALL_S = 0.001  # the shortest task the curve fit is given (seconds)
 
 
 @dataclass(frozen=True)
@@ -84,11 +85,13 @@ class Workload:
         )
 
     def instances_frame(self) -> pd.DataFrame:
-        """One row per instance with its wall time after boot (for fit_curve)."""
+        """One row per instance with its wall time after boot (for fit_curve), at least
+        ``MIN_WALL_S``: a scenario may give calls no latency and no gap, and the fit takes a
+        task of no duration for a bad table."""
         return pd.DataFrame(
             {
                 "instance_id": np.arange(self.n_instances).astype(str),
-                "wall_time_s": self.durations() - self.boot,
+                "wall_time_s": np.maximum(self.durations() - self.boot, MIN_WALL_S),
             }
         )
 

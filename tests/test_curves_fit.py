@@ -101,6 +101,25 @@ def parametric_curve() -> HarnessCurve:
     )
 
 
+def test_pooled_bins_are_capped_at_max_nodes_and_a_fit_under_the_cap_is_untouched() -> None:
+    """Tasks of many hours at 60 s bins pool into thousands of nodes, and the solves grow faster
+    than their square (a fuzzed harness's fit ran for hours): the pooling is coarsened to at
+    most ``max_nodes``, where the rates still come out right."""
+    rows = [
+        (f"i{k}", float(t), 1000, 0, 10) for k in range(50) for t in np.arange(0.0, 6000.0, 30.0)
+    ]
+    instances = pd.DataFrame({"instance_id": [f"i{k}" for k in range(50)], "wall_time_s": 6000.0})
+    natural = fit_curve(calls_frame(rows), "long", instances=instances, smooth=False)
+    assert natural.quality["nodes"] == 100  # 60 s bins of 50 tasks: 3,000 task-s each
+    capped = fit_curve(calls_frame(rows), "long", instances=instances, smooth=False, max_nodes=20)
+    assert capped.quality["nodes"] <= 20
+    ages = np.arange(300.0, 5700.0, 60.0)
+    np.testing.assert_allclose(capped.curve.calls_per_s(ages), 1 / 30, rtol=0.05)
+    np.testing.assert_allclose(capped.curve.input_tokens_per_s(ages), 1000 / 30, rtol=0.05)
+    with pytest.raises(ConfigError, match="max_nodes"):
+        fit_curve(calls_frame(rows), "long", instances=instances, max_nodes=1)
+
+
 @pytest.mark.parametrize("known", [default_curve(), parametric_curve()], ids=["trace", "param"])
 def test_fit_recovers_a_curve_from_calls_generated_with_it(known: HarnessCurve) -> None:
     calls, instances = synthesize_calls(known, 1500, seed=11)

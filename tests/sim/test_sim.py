@@ -14,9 +14,10 @@ import yaml
 
 from evalfleet.errors import ConfigError
 from planner.budgets import BudgetClass, ControllerConfig
+from planner.classify import Classification
 from planner.drain import drained_rate
 from sim.bench import default_policies, run_policy, run_scenario, saturating_workers
-from sim.engine import FleetView, Simulation
+from sim.engine import FleetView, Gate, Simulation
 from sim.limits import ProviderLimits
 from sim.metrics import limit_spec, lower_bound, summarise
 from sim.planner_policy import PlannerPolicy
@@ -197,6 +198,49 @@ def test_an_output_seed_below_one_tasks_demand_still_runs_the_queue() -> None:
     assert row["makespan_s"] is not None, row
     assert row["calls"] == len(workload.latency)
     assert row["http_429"] == 0
+
+
+class _Idle:
+    """A policy that never launches anything."""
+
+    name = "idle"
+    gate: Gate | None = None
+    reads_headers = False
+
+    def tick(self, fleet: FleetView) -> int:
+        return 0
+
+    def on_response(self, now: float, call: int, classification: Classification | None) -> None:
+        raise AssertionError("nothing was sent")
+
+
+def test_a_tool_gap_longer_than_the_stall_window_is_not_a_stall() -> None:
+    """The simulator calls a run stalled when no call is admitted for ``stall_s`` (30 min)
+    while calls wait (a retry livelock, a pacer that holds everything) or nothing is live. A
+    task that sits in a tool call for longer, with nothing waiting, is the workload: every
+    policy finishes at the instance's own duration (a fuzzed harness with tool gaps past 2,000
+    s was called stalled under every policy)."""
+    doc = parametric(instances=1)
+    doc["harness"]["parametric"]["calls"] = {"median": 4, "p90": 4}
+    doc["harness"]["parametric"]["gap_s"] = {"median": 2500, "p90": 2500}
+    scenario = parse_scenario(doc, "s")
+    workload = build_workload(scenario)
+    assert workload.after.max() > 1800.0
+    for policy in ("planner", "fixed:1", "aimd"):
+        row = run_policy(scenario, workload, policy, lower_bound(scenario, workload))
+        assert row["makespan_s"] == pytest.approx(workload.durations().max(), abs=1.0), policy
+
+
+def test_a_policy_that_launches_nothing_is_called_stalled() -> None:
+    """The other side of the stall rule: with work queued and nothing live, no admission for
+    ``stall_s`` is a stall (a fleet ceiling of 0 forever)."""
+    scenario = parse_scenario(parametric(instances=2), "s")
+    workload = build_workload(scenario)
+    spec, changes = limit_spec(scenario)
+    provider = ProviderLimits(spec, changes)
+    stats = Simulation(workload, _Idle(), provider, "anthropic", stall_s=600.0).run()
+    assert stats.stalled_at is not None and 600.0 < stats.stalled_at <= 700.0
+    assert stats.finished == 0
 
 
 def test_lower_bound_integrates_a_limit_drop() -> None:
