@@ -16,6 +16,7 @@ returned as stated; ``resets_s`` are seconds from ``now_epoch``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -64,15 +65,19 @@ _GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|ns|h|m|s)")
 def parse_go_duration(text: str) -> float | None:
     """Parse a Go-style duration ("6m0s", "1s", "120ms", "0.5s", "1h2m3.5s") into seconds.
 
-    A bare number is taken as seconds. Returns None for text that is not a duration.
+    A bare number is taken as seconds. Returns None for text that is not a duration, and for
+    one that is not a finite number of seconds >= 0 (a header is the provider's text: "nan",
+    "-5" or 400 nines must not become a wait).
     """
     s = text.strip()
     if not s:
         return None
     try:
-        return float(s)
+        bare = float(s)
     except ValueError:
         pass
+    else:
+        return bare if math.isfinite(bare) and bare >= 0 else None
     pos = 0
     total = 0.0
     for m in _GO_PART.finditer(s):
@@ -80,16 +85,18 @@ def parse_go_duration(text: str) -> float | None:
             return None
         total += float(m.group(1)) * _GO_UNITS[m.group(2)]
         pos = m.end()
-    if pos != len(s) or pos == 0:
+    if pos != len(s) or pos == 0 or not math.isfinite(total):
         return None
     return total
 
 
 def _parse_number(text: str) -> float | None:
+    """A header's number, or None where it is none or not finite ("nan", "inf", "1e400")."""
     try:
-        return float(text.strip().replace(",", ""))
+        value = float(text.strip().replace(",", ""))
     except ValueError:
         return None
+    return value if math.isfinite(value) else None
 
 
 def _parse_rfc3339(text: str) -> float | None:
@@ -174,11 +181,13 @@ def parse_rate_limit_headers(
         lim = h.get(f"x-ratelimit-limit-{suffix}")
         rem = h.get(f"x-ratelimit-remaining-{suffix}")
         rst = h.get(f"x-ratelimit-reset-{suffix}")
-        if lim is not None and (v := _parse_number(lim)) is not None:
+        # a limit of 0 or less states no limit (a budget of 0 would admit nothing, ever);
+        # a remaining below 0 is an empty bucket
+        if lim is not None and (v := _parse_number(lim)) is not None and v > 0:
             limits[cls] = v
             style = "openai"
         if rem is not None and (v := _parse_number(rem)) is not None:
-            remaining[cls] = v
+            remaining[cls] = max(v, 0.0)
             style = "openai"
         if rst is not None and (d := parse_go_duration(rst)) is not None:
             resets[cls] = d
@@ -188,11 +197,11 @@ def parse_rate_limit_headers(
         lim = h.get(f"anthropic-ratelimit-{prefix}-limit")
         rem = h.get(f"anthropic-ratelimit-{prefix}-remaining")
         rst = h.get(f"anthropic-ratelimit-{prefix}-reset")
-        if lim is not None and (v := _parse_number(lim)) is not None:
+        if lim is not None and (v := _parse_number(lim)) is not None and v > 0:
             limits[cls] = v
             style = "anthropic"
         if rem is not None and (v := _parse_number(rem)) is not None:
-            remaining[cls] = v
+            remaining[cls] = max(v, 0.0)
             style = "anthropic"
         if rst is not None and (at := _parse_rfc3339(rst)) is not None:
             reset_at[cls] = at

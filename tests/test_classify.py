@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from planner.classify import LimitType, classify, parse_go_duration, parse_rate_limit_headers
 
@@ -447,3 +450,63 @@ def test_a_token_429_naming_another_limit_states_it_as_the_output_limit() -> Non
     same = classify(429, OPENAI_HEADERS, within, now_epoch=EPOCH)
     assert same.limit_type is LimitType.TOKENS  # within 2% of the header: the same limit
     assert LimitType.OUTPUT_TOKENS not in same.limits
+
+
+# Whatever a provider (or a proxy in front of it) puts in its headers and body, the reading is
+# a LimitType with finite numbers: a limit > 0, a remaining and a wait >= 0. A header limit of
+# "0" or "-5" would otherwise cap a budget at nothing, and "1e400" or "nan" become a wait of
+# forever or a NaN that every comparison after it gets wrong.
+_HEADER_NAMES = [
+    "retry-after",
+    "retry-after-ms",
+    *(
+        f"x-ratelimit-{kind}-{what}"
+        for kind in ("limit", "remaining", "reset")
+        for what in ("requests", "tokens")
+    ),
+    *(
+        f"anthropic-ratelimit-{what}-{kind}"
+        for what in ("requests", "tokens", "input-tokens", "output-tokens")
+        for kind in ("limit", "remaining", "reset")
+    ),
+]
+_ODD_VALUES = ["", "-1", "0", "1e400", "nan", "-inf", "1m30.5s", "2026-13-45T99:99:99Z", "9" * 400]
+_values = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(_ODD_VALUES),
+    st.integers(-(10**30), 10**30).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+)
+_bodies = st.one_of(
+    st.none(),
+    st.binary(max_size=200),
+    st.text(max_size=200),
+    st.builds(
+        lambda etype, message: {"type": "error", "error": {"type": etype, "message": message}},
+        st.sampled_from(["rate_limit_error", "overloaded_error", "tokens", "requests", None, 5]),
+        st.one_of(st.text(max_size=80), st.none(), st.integers()),
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    status=st.sampled_from([200, 400, 402, 403, 413, 429, 500, 503, 529]),
+    headers=st.dictionaries(st.sampled_from(_HEADER_NAMES), _values, max_size=8),
+    body=_bodies,
+    now=st.one_of(st.none(), st.floats(0, 4e9)),
+)
+@example(status=200, headers={"x-ratelimit-limit-requests": "1E400"}, body=None, now=None)
+@example(status=429, headers={"retry-after": "nan"}, body=None, now=None)
+@example(status=429, headers={"anthropic-ratelimit-tokens-limit": "0"}, body=None, now=None)
+@example(status=429, headers={"x-ratelimit-reset-tokens": "9" * 400 + "s"}, body=None, now=1.0)
+@example(status=429, headers={"x-ratelimit-remaining-tokens": "-3"}, body=None, now=None)
+def test_any_headers_and_body_read_as_finite_numbers(
+    status: int, headers: dict[str, str], body: object, now: float | None
+) -> None:
+    c = classify(status, headers, body, now_epoch=now)  # type: ignore[arg-type]
+    assert isinstance(c.limit_type, LimitType)
+    assert c.retry_after_s is None or (math.isfinite(c.retry_after_s) and c.retry_after_s >= 0)
+    assert all(math.isfinite(v) and v > 0 for v in c.limits.values()), c.limits
+    assert all(math.isfinite(v) and v >= 0 for v in c.remaining.values()), c.remaining
+    assert all(math.isfinite(v) and v >= 0 for v in c.resets_s.values()), c.resets_s
