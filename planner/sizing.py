@@ -289,8 +289,8 @@ def decide(
             k, binding = k_end, b_end
     k = min(k, fleet.queued)
     # a budget below one task's projected demand still gets a task while work is queued: the
-    # pacer holds its calls to the budget, where no fleet would draw no answer, header or 429
-    # to correct the budget by, and would never finish
+    # pacer holds its calls to the budget, while a fleet of none would draw no answer, header
+    # or 429 to correct the budget by, and would never finish
     target = max(live + k, 1 if fleet.queued > 0 else 0)
     ceiling = target
     for cap, name in (
