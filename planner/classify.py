@@ -99,6 +99,19 @@ def _parse_number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _stated_limit(text: str | None) -> float | None:
+    """A header's limit: a finite number > 0 (0 or less states no limit: a budget capped there
+    would admit nothing, ever)."""
+    value = None if text is None else _parse_number(text)
+    return value if value is not None and value > 0 else None
+
+
+def _stated_remaining(text: str | None) -> float | None:
+    """A header's remaining: a finite number, below 0 read as an empty bucket."""
+    value = None if text is None else _parse_number(text)
+    return None if value is None else max(value, 0.0)
+
+
 def _parse_rfc3339(text: str) -> float | None:
     s = text.strip()
     if s.endswith(("Z", "z")):
@@ -181,13 +194,11 @@ def parse_rate_limit_headers(
         lim = h.get(f"x-ratelimit-limit-{suffix}")
         rem = h.get(f"x-ratelimit-remaining-{suffix}")
         rst = h.get(f"x-ratelimit-reset-{suffix}")
-        # a limit of 0 or less states no limit (a budget of 0 would admit nothing, ever);
-        # a remaining below 0 is an empty bucket
-        if lim is not None and (v := _parse_number(lim)) is not None and v > 0:
+        if (v := _stated_limit(lim)) is not None:
             limits[cls] = v
             style = "openai"
-        if rem is not None and (v := _parse_number(rem)) is not None:
-            remaining[cls] = max(v, 0.0)
+        if (v := _stated_remaining(rem)) is not None:
+            remaining[cls] = v
             style = "openai"
         if rst is not None and (d := parse_go_duration(rst)) is not None:
             resets[cls] = d
@@ -197,11 +208,11 @@ def parse_rate_limit_headers(
         lim = h.get(f"anthropic-ratelimit-{prefix}-limit")
         rem = h.get(f"anthropic-ratelimit-{prefix}-remaining")
         rst = h.get(f"anthropic-ratelimit-{prefix}-reset")
-        if lim is not None and (v := _parse_number(lim)) is not None and v > 0:
+        if (v := _stated_limit(lim)) is not None:
             limits[cls] = v
             style = "anthropic"
-        if rem is not None and (v := _parse_number(rem)) is not None:
-            remaining[cls] = max(v, 0.0)
+        if (v := _stated_remaining(rem)) is not None:
+            remaining[cls] = v
             style = "anthropic"
         if rst is not None and (at := _parse_rfc3339(rst)) is not None:
             reset_at[cls] = at
