@@ -111,6 +111,7 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         "last_stated": _classes(state.last_stated),
         "at_ceiling_since": _classes(state.at_ceiling_since),
         "at_ceiling_used_s": _classes(state.at_ceiling_used_s),
+        "usage_carry": _classes(state.usage_carry),
         "share_rebased_at": _classes(state.share_rebased_at),
         "rebase_up_streak": _classes(state.rebase_up_streak),
         "proven_rate": _classes(state.proven_rate),
@@ -220,6 +221,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
             "last_stated",  # absent in states saved before it was kept: {} (observed stands in)
             "at_ceiling_since",  # absent in states saved before rule 7: {}
             "at_ceiling_used_s",  # absent in states saved before rule 7's proof: {}
+            "usage_carry",  # absent in states saved before a window's excess carried: {}
             "share_rebased_at",  # absent in states saved before the share-loop check: {}
             "level_memory_s",  # absent in states saved before the doubling memory: {}
             "rebase_up_streak",  # absent in states saved before the re-base speed-up: {}
@@ -270,6 +272,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         last_stated={k: float(v) for k, v in maps["last_stated"].items()},
         at_ceiling_since={k: float(v) for k, v in maps["at_ceiling_since"].items()},
         at_ceiling_used_s={k: float(v) for k, v in maps["at_ceiling_used_s"].items()},
+        usage_carry={k: float(v) for k, v in maps["usage_carry"].items()},
         unknown_samples=samples,
         share_rebased_at={k: float(v) for k, v in maps["share_rebased_at"].items()},
         level_memory_s={k: float(v) for k, v in maps["level_memory_s"].items()},

@@ -2,7 +2,8 @@
 
 * ``read_window``: the ``llm_calls`` of one alias after the watermark id — 429s by limit type
   (a call's first, not its retries': ``llm_calls.retry``), overloads, spend errors (and the
-  runs they hit), the counted usage of each budget class, the pacer wait — as
+  runs they hit), the counted usage of each budget class, the largest served call of each
+  token class, the pacer wait — as
   ``WindowCalls``; ``latest_call_id`` starts the watermark;
 * ``accepted_rates``: what the provider accepted over a time span (a repeated cut's measure);
 * ``drained_rates``: how fast the provider's bucket of each class was drained up to a time
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -74,6 +75,13 @@ class WindowCalls:
     last_call_id: int
     pacer_wait_s: float = 0.0  # summed over the window's calls
     answered: int = 0  # calls the provider answered with a success (ends the launch ramp)
+    # per token class, the tokens of the largest call the provider served (rule 8 of
+    # planner.budgets: one call accepted whole proves its bucket held it)
+    largest: Mapping[BudgetClass, float] = field(default_factory=dict)
+
+    def largest_accepted(self) -> dict[BudgetClass, float] | None:
+        """``WindowObservation.largest_accepted``: None when the provider served nothing."""
+        return dict(self.largest) if self.answered else None
 
     def stretch_progress(self, mean_gap_s: float) -> float | None:
         """1 / (1 + pacer wait per call / a task's mean gap between calls); None: no calls."""
@@ -223,6 +231,8 @@ def read_window(
             ok_sum((LlmCall.input_tokens + LlmCall.output_tokens) * LlmCall.latency_s),
             func.coalesce(func.sum(LlmCall.pacer_wait_s), 0.0),
             func.count().filter(ok),
+            func.coalesce(func.max(func.coalesce(counted, zero)).filter(ok), zero),
+            func.coalesce(func.max(func.coalesce(LlmCall.output_tokens, zero)).filter(ok), zero),
         ).where(*base)
     ).one()
     errors = conn.execute(
@@ -261,6 +271,10 @@ def read_window(
         last_call_id=int(agg[1]),
         pacer_wait_s=float(agg[5]),
         answered=int(agg[6]),
+        largest={
+            BudgetClass.TOKENS: float(agg[7]),
+            BudgetClass.OUTPUT_TOKENS: float(agg[8]),
+        },
     )
 
 

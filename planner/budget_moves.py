@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from planner.budget_state import NEG_INF, BudgetClass, BudgetState, ControllerConfig
 
-__all__ = ["cut", "grown", "rebased_up"]
+__all__ = ["cut", "grown", "proven_by_one_call", "rebased_up"]
 
 
 def cut(
@@ -343,4 +343,58 @@ def rebased_up(
             seed_source="controller" if rebased else state.seed_source,
         ),
         rebased,
+    )
+
+
+def proven_by_one_call(
+    state: BudgetState,
+    largest: Mapping[BudgetClass, float],
+    config: ControllerConfig,
+    skip: frozenset[BudgetClass] = frozenset(),
+) -> tuple[BudgetState, list[tuple[BudgetClass, float]]]:
+    """Rule 8: a call the provider accepted whole was held by its per-minute bucket, so the
+    class's limit is at least that call's tokens / ``provider_burst_s`` (``largest``: per
+    token class, the tokens of the largest call the provider accepted in the window, counted
+    as the alias counts them). Where that proof is above the class's budget, the budget and
+    the seed (when below it) are re-based up to it.
+
+    In steady running the proof stays under the budget: the pacer lets through at most a
+    bucket of its budget plus one call's debt, so the proof passes the budget only where one
+    call is larger than about a minute of it. That is a seed far below the size of one call
+    (an operator's typo, a per-minute figure read per second). The pacer then admits each call
+    in debt and repays it at the seed's rate, and the +5% per clean window never catches up
+    (a seed of 24 tokens/s for calls of 57,000 tokens took 40 minutes a call). A class whose
+    limit a header states is skipped: the stated limit is known. So is a class in ``skip`` (a
+    429 of it in this window). Requests are not proven this way (one call proves 1/minute)."""
+    seed = state.seed
+    budgets = state.budgets
+    proven_rate = dict(state.proven_rate)
+    moved: list[tuple[BudgetClass, float]] = []
+    for cls in (BudgetClass.TOKENS, BudgetClass.OUTPUT_TOKENS):
+        level = budgets.get(cls)
+        tokens = largest.get(cls)
+        if level is None or tokens is None or cls in skip or cls in state.hard_caps:
+            continue
+        proof = tokens / config.provider_burst_s if config.provider_burst_s > 0 else 0.0
+        if not proof > level:
+            continue
+        seed_value = seed.get(cls)
+        assert seed_value is not None
+        budgets = budgets.with_value(cls, proof)
+        if proof > seed_value:
+            # the new seed is what was proven, all of it (``earned_seed``)
+            seed = seed.with_value(cls, proof)
+            proven_rate[cls] = proof
+        moved.append((cls, proof))
+    if not moved:
+        return state, []
+    return (
+        replace(
+            state,
+            seed=seed,
+            budgets=budgets,
+            proven_rate=proven_rate,
+            seed_source="controller",
+        ),
+        moved,
     )

@@ -146,8 +146,12 @@ class ControllerConfig:
     grow_min_utilisation: float = 0.0
     rebase_up_min_utilisation: float = 0.8  # a re-base up needs this share used [0, 1]
     # the provider's bucket depth in seconds of its limit (per-minute limits: 60) [0, 3600]:
-    # acceptance beyond what a full bucket could serve proves a seed (rule 7)
+    # acceptance beyond what a full bucket could serve proves a seed (rule 7), and one call
+    # accepted whole proves a limit of at least its tokens / this (rule 8)
     provider_burst_s: float = 60.0
+    # rule 7 reads a window's use of a budget with what earlier windows admitted above the
+    # whole of it carried over, at most this many windows of it [0, 100] (0: off)
+    usage_carry_windows: float = 8.0
     # an unknown 429's blame: the class whose accepted rate held steadiest over the last
     # blame_samples unknown 429s [0, 50] (0: off), once there are blame_min_samples [2, 50],
     # when its spread is at most blame_spread_ratio x the next class's [0, 1]
@@ -192,6 +196,7 @@ class ControllerConfig:
         _bounded("grow_min_utilisation", self.grow_min_utilisation, 0.0, 1.0, p)
         _bounded("rebase_up_min_utilisation", self.rebase_up_min_utilisation, 0.0, 1.0, p)
         _bounded("provider_burst_s", self.provider_burst_s, 0.0, 3600.0, p)
+        _bounded("usage_carry_windows", self.usage_carry_windows, 0.0, 100.0, p)
         _bounded("blame_samples", self.blame_samples, 0, 50, p)
         _bounded("blame_min_samples", self.blame_min_samples, 2, 50, p)
         _bounded("blame_spread_ratio", self.blame_spread_ratio, 0.0, 1.0, p)
@@ -237,6 +242,10 @@ class BudgetState:
     at_ceiling_since: Mapping[BudgetClass, float] = field(default_factory=dict)
     # seconds of its level the provider accepted since then (rule 7's proof of the seed)
     at_ceiling_used_s: Mapping[BudgetClass, float] = field(default_factory=dict)
+    # per class, the share of its budget a window admitted above the whole of it, not yet
+    # counted (rule 7 reads a window's use with it: a call larger than a window of the budget
+    # is admitted in one window and its budget is used in the next ones)
+    usage_carry: Mapping[BudgetClass, float] = field(default_factory=dict)
     # how many re-bases up each class has made since the alias's last 429 (rule 7's speed-up)
     rebase_up_streak: Mapping[BudgetClass, int] = field(default_factory=dict)
     # per class whose seed rule 7 re-based up: the rate the provider's acceptance proved then
@@ -353,6 +362,9 @@ class WindowObservation:
     (``planner.drain``); what the blame of a 429 of an unknown limit reads (``planner.blame``),
     ``delivered`` standing in where it is None: at a 429 it is the limit hit, where the rate
     over the last cooldown is whatever burst a full bucket let through.
+    ``largest_accepted``: per token class (counted tokens, output tokens), the tokens of the
+    largest single call the provider accepted in the window, counted as the alias counts them
+    (rule 8). None: nothing is proven by one call.
     """
 
     now: float
@@ -364,6 +376,7 @@ class WindowObservation:
     delivered: Mapping[BudgetClass, float] | None = None
     drained: Mapping[BudgetClass, float] | None = None
     answered: int = 0
+    largest_accepted: Mapping[BudgetClass, float] | None = None
 
 
 @dataclass(frozen=True)

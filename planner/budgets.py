@@ -107,6 +107,12 @@ Rules, in the order ``step`` applies them:
    ``memory_max_s``), each further re-base up of the class halves its next hold (down to
    ``rebase_up_min_s``) and doubles its growth (up to ``max_growth``), so a seed a sixth of
    the limit is climbed in about 15 minutes instead of 30; the first 429 ends it.
+8. A call the provider accepted whole was held by its per-minute bucket: the class's limit is
+   at least its tokens / ``provider_burst_s`` (``WindowObservation.largest_accepted``). Where
+   that is above a token or output budget with no stated limit (one call larger than a minute
+   of the budget: a seed far below one call's size, whose calls the pacer admits in debt and
+   repays at the seed's rate), budget and seed are re-based up to it
+   (``budget_moves.proven_by_one_call``).
 
 The types (budgets, config, state, observation) live in ``planner.budget_state``; by how much
 a class moves (a cut, growth, a re-base) in ``planner.budget_moves``; whom a 429 blames in
@@ -404,7 +410,10 @@ def step(
     # up.
     grown: list[BudgetClass] = []
     used: dict[BudgetClass, float] = {}  # clean and pressed against: evidence for rule 7
-    idle = obs.utilisation is not None and not any(v > 0 for v in obs.utilisation.values())
+    utilisation = obs.utilisation
+    if utilisation is not None:
+        state, utilisation = _carried(state, utilisation, config)
+    idle = utilisation is not None and not any(v > 0 for v in utilisation.values())
     if not frozen_in_window and not state.in_cooldown(now) and not idle:
         for cls in state.budgets.classes():
             if cls in hit:
@@ -415,10 +424,10 @@ def step(
             ):
                 continue
             if (
-                obs.utilisation is not None
-                and obs.utilisation.get(cls, 0.0) >= config.rebase_up_min_utilisation
+                utilisation is not None
+                and utilisation.get(cls, 0.0) >= config.rebase_up_min_utilisation
             ):
-                used[cls] = obs.utilisation[cls]
+                used[cls] = utilisation[cls]
             new_value = budget_moves.grown(state, cls, now, config)
             if new_value is not None:
                 state = replace(state, budgets=state.budgets.with_value(cls, new_value))
@@ -433,6 +442,18 @@ def step(
                 f"{held_s:g} s ({why}): seed re-based up to {state.seed.get(cls):.6g}"
             )
 
+    # 8. one call the provider accepted whole proves a limit above a budget far below it.
+    if obs.largest_accepted:
+        state, lifted = budget_moves.proven_by_one_call(
+            state, obs.largest_accepted, config, frozenset(hit)
+        )
+        for cls, rate in lifted:
+            rebased.append(cls)
+            notes.append(
+                f"{cls}: the provider accepted one call of {obs.largest_accepted[cls]:.6g} "
+                f"tokens, more than a minute of the budget: budget re-based up to {rate:.6g}"
+            )
+
     state = _floored(state, config)
     return state, ControllerActions(
         pause_run=spend,
@@ -445,6 +466,24 @@ def step(
         rebased=tuple(rebased),
         notes=tuple(notes),
     )
+
+
+def _carried(
+    state: BudgetState, utilisation: Mapping[BudgetClass, float], config: ControllerConfig
+) -> tuple[BudgetState, dict[BudgetClass, float]]:
+    """The window's use of each budget with what earlier windows admitted above the whole of
+    it carried over (at most ``usage_carry_windows`` windows of it), and the new carry."""
+    carry: dict[BudgetClass, float] = {}
+    out: dict[BudgetClass, float] = {}
+    for cls, util in utilisation.items():
+        total = max(util, 0.0) + state.usage_carry.get(cls, 0.0)
+        out[cls] = min(total, 1.0)
+        left = min(total - 1.0, config.usage_carry_windows)
+        if left > 0:
+            carry[cls] = left
+    if carry == state.usage_carry:
+        return state, out
+    return replace(state, usage_carry=carry), out
 
 
 def _floored(state: BudgetState, config: ControllerConfig) -> BudgetState:

@@ -260,6 +260,8 @@ class PlannerPolicy:
 
         self._pacer_gate.on_admit = _on_admit
         self._rejected: set[int] = set()  # calls that drew a 429 (their retries' add nothing)
+        self._largest: dict[bool, float] = {True: 0.0, False: 0.0}
+        self._largest_output = 0.0
         self.recounted: list[tuple[float, bool]] = []  # (when, cache reads count) on each flip
 
     def _counted_per_call(self, cached_input_counts: bool) -> list[float]:
@@ -285,6 +287,11 @@ class PlannerPolicy:
                 while events and events[0][0] < now - LOOKBACK_S - DRAIN_TRIM_SLACK_S:
                     events.popleft()
             self._answered += 1
+            # rule 8's evidence: the largest call accepted in the window, tokens counted both
+            # ways (the tick reads the belief it holds then)
+            for counts in (True, False):
+                self._largest[counts] = max(self._largest[counts], self._counted_as[counts][call])
+            self._largest_output = max(self._largest_output, self._output[call])
             self._accepted.append((now, call))
             self.charges.sent(call, now, self._base[call], self._cached[call])
             while self._accepted[0][0] < now - self.controller.cooldown_s:
@@ -463,6 +470,17 @@ class PlannerPolicy:
         if util is not None:
             self.overdrive_factor = hold_overdrive(self.overdrive_factor, util, self.overdrive)
 
+    def _take_largest(self) -> dict[BudgetClass, float] | None:
+        """The window's largest accepted call per token class (rule 8), reset for the next."""
+        if not self._answered:
+            return None
+        largest = {BudgetClass.TOKENS: self._largest[self.state.cached_input_counts]}
+        if self._largest_output > 0:
+            largest[BudgetClass.OUTPUT_TOKENS] = self._largest_output
+        self._largest = {True: 0.0, False: 0.0}
+        self._largest_output = 0.0
+        return largest
+
     def tick(self, fleet: FleetView) -> int:
         now = fleet.now
         observed = None
@@ -488,6 +506,7 @@ class PlannerPolicy:
             delivered=self._delivered(now) if self._throttles else None,
             drained=drained,
             answered=self._answered,
+            largest_accepted=self._take_largest(),
         )
         self._throttles.clear()
         self._answered = 0

@@ -390,6 +390,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             delivered=delivered,
             drained=drained,
             answered=window.answered,
+            largest_accepted=window.largest_accepted(),
         )
         state, actions = step(state, obs, cfg)
         if counts != state.cached_input_counts:

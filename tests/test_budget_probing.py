@@ -99,6 +99,8 @@ def test_the_speed_up_is_a_bounded_setting() -> None:
         ControllerConfig(max_growth=0.01)
     with pytest.raises(ConfigError, match="rebase_up_min_s"):
         ControllerConfig(rebase_up_min_s=600.0)
+    with pytest.raises(ConfigError, match="usage_carry_windows"):
+        ControllerConfig(usage_carry_windows=-1.0)
 
 
 def test_a_long_clean_run_of_re_bases_stays_bounded() -> None:
@@ -108,3 +110,42 @@ def test_a_long_clean_run_of_re_bases_stays_bounded() -> None:
     before = s.budgets.tokens_per_s or 0.0
     s, _ = step(s, WindowObservation(now=15.0, utilisation=USED), CFG)
     assert (s.budgets.tokens_per_s or 0.0) == pytest.approx(before * (1 + CFG.max_growth))
+
+
+def _climb(cfg: ControllerConfig, lumps: tuple[float, ...], until: float) -> BudgetState:
+    """Clean windows whose token use repeats ``lumps`` (shares of the budget; the other
+    classes used as little as counts), from a fresh state until ``until``."""
+    s, t, i = fresh(), 0.0, 0
+    while t < until:
+        t += cfg.window_s
+        used = {**USED, TOK: lumps[i % len(lumps)]}
+        s, _ = step(s, WindowObservation(now=t, utilisation=used), cfg)
+        i += 1
+    return s
+
+
+def test_a_budget_used_in_lumps_re_bases_up_as_one_used_evenly() -> None:
+    """Calls larger than a window of the budget are admitted in one window and repay their debt
+    in the next ones: use of 3, 0, 0 is the whole budget, as 1, 1, 1 is. Rule 7 counts it so
+    (the excess is carried over); read window by window, each idle window restarted the hold
+    and the seed was never re-based up (a seed proven by one call stayed at it, fuzz-103)."""
+    even = _climb(CFG, (1.0,), 1800.0)
+    lumpy = _climb(CFG, (3.0, 0.0, 0.0), 1800.0)
+    uncarried = _climb(replace(CFG, usage_carry_windows=0.0), (3.0, 0.0, 0.0), 1800.0)
+
+    assert even.seed.tokens_per_s > 4 * SEED.tokens_per_s
+    assert lumpy.seed.tokens_per_s >= 0.5 * even.seed.tokens_per_s
+    assert uncarried.seed.tokens_per_s == SEED.tokens_per_s
+
+
+def test_a_carry_is_bounded_and_idle_windows_spend_it() -> None:
+    """One burst of 50 windows' worth carries at most ``usage_carry_windows``; idle windows
+    after it spend the carry, and then the budget reads idle again."""
+    s = fresh()
+    s, _ = step(s, WindowObservation(now=15.0, utilisation={**USED, TOK: 50.0}), CFG)
+    assert s.usage_carry[TOK] == CFG.usage_carry_windows
+    t = 15.0
+    for _ in range(int(CFG.usage_carry_windows) + 1):
+        t += CFG.window_s
+        s, _ = step(s, WindowObservation(now=t, utilisation={**USED, TOK: 0.0}), CFG)
+    assert TOK not in s.usage_carry

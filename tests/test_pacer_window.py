@@ -90,3 +90,31 @@ def test_the_drained_rates_read_what_was_served_over_the_lookback(plan_ledger: E
     assert rates[BudgetClass.TOKENS] == pytest.approx(30 * (1000 - 400 + 100) / span)
     assert read.other_tokens == pytest.approx(30 * (1000 + 100) / span)
     assert rates[BudgetClass.OUTPUT_TOKENS] == pytest.approx(30 * 100 / span)
+
+
+def test_the_largest_served_call_is_read_per_token_class(plan_ledger: Engine) -> None:
+    """Rule 8's evidence: the largest call the provider served, counted as the alias counts
+    them; a 429 proves nothing and a window with nothing served has no evidence."""
+    with plan_ledger.connect() as conn:
+        empty = pacer_window.read_window(
+            conn, ALIAS, 0, token_class="input", cached_input_counts=False
+        )
+    assert empty.largest_accepted() is None
+    add_calls(plan_ledger, 3, tokens=1000)
+    add_calls(plan_ledger, 1, tokens=9000, cached=6000)
+    add_calls(plan_ledger, 2, status=429, limit_type="tokens")
+
+    with plan_ledger.connect() as conn:
+        not_counted = pacer_window.read_window(
+            conn, ALIAS, 0, token_class="input", cached_input_counts=False
+        ).largest_accepted()
+        counted = pacer_window.read_window(
+            conn, ALIAS, 0, token_class="input", cached_input_counts=True
+        ).largest_accepted()
+        combined = pacer_window.read_window(
+            conn, ALIAS, 0, token_class="combined", cached_input_counts=False
+        ).largest_accepted()
+
+    assert not_counted == {BudgetClass.TOKENS: 3000.0, BudgetClass.OUTPUT_TOKENS: 100.0}
+    assert counted is not None and counted[BudgetClass.TOKENS] == 9000.0
+    assert combined is not None and combined[BudgetClass.TOKENS] == 3100.0

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from ledger import pacer_window
 from ledger.controls import control_session, set_ceiling_override
 from ledger.models import AuditLog, PauseFlag, Run
-from ledger.pacer_controls import set_pacer
+from ledger.pacer_controls import rebase_pacer, set_pacer
 from ledger.pauses import set_pause
 from planner.budgets import BudgetClass
 from planner.curves import DEFAULT_HARNESS
@@ -170,6 +170,28 @@ def test_a_clean_busy_window_grows_the_budgets(plan_ledger: Engine) -> None:
     d = plan.plan_tick(T0 + timedelta(seconds=15), False)[ALIAS]
     assert d.budgets["calls_per_s"] == pytest.approx(first.budgets["calls_per_s"] * 1.05)
     assert d.budgets["tokens_per_s"] == pytest.approx(first.budgets["tokens_per_s"] * 1.05)
+
+
+def test_a_seed_far_below_one_served_call_is_lifted_to_that_call_a_minute(
+    plan_ledger: Engine,
+) -> None:
+    """Rule 8 through the ledger: an operator re-bases the token seed to 10/s (a typo), then
+    one call of 60,000 tokens is served whole; the provider's per-minute bucket held it, so the
+    next tick budgets that call a minute (not +5% a window from 10/s, a call per 100 minutes)."""
+    add_run(plan_ledger, running=1, queued=10)
+    plan.plan_tick(T0, False)
+    alias = plan.aliases().get(ALIAS)
+    with Session(plan_ledger) as session, session.begin():
+        rebase_pacer(session, alias, {"tokens_per_s": 10.0}, now=T0, actor="op", reason="typo")
+    plan.plan_tick(T0 + timedelta(seconds=15), False)
+    add_calls(plan_ledger, 1, tokens=60_000, at=T0 + timedelta(seconds=20))
+
+    d = plan.plan_tick(T0 + timedelta(seconds=30), False)[ALIAS]
+
+    state = stored(plan_ledger).state
+    counted = 60_000 + (100 if state.token_class == "combined" else 0)
+    assert d.budgets["tokens_per_s"] == pytest.approx(counted / 60.0)
+    assert state.seed.tokens_per_s == pytest.approx(counted / 60.0)
 
 
 def test_a_spend_error_pauses_the_run_with_an_audit_row(plan_ledger: Engine) -> None:

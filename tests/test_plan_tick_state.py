@@ -42,6 +42,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         last_stated={BudgetClass.REQUESTS: 8.0, BudgetClass.OUTPUT_TOKENS: 900.0},
         at_ceiling_since={BudgetClass.INFLIGHT: 97.0},
         at_ceiling_used_s={BudgetClass.INFLIGHT: 2.5},
+        usage_carry={BudgetClass.TOKENS: 1.5},
         unknown_samples=((98.0, {BudgetClass.TOKENS: 21_000.0, BudgetClass.REQUESTS: 7.5}),),
         share_rebased_at={BudgetClass.TOKENS: 95.0},
         level_memory_s={BudgetClass.REQUESTS: 2400.0},
@@ -55,6 +56,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
     for key in (
         "at_ceiling_since",
         "at_ceiling_used_s",
+        "usage_carry",
         "unknown_samples",
         "share_rebased_at",
         "level_memory_s",
