@@ -6,10 +6,7 @@ scenario's header style; nothing with ``none``), pushes the budgets to the pacer
 (``planner.pacer.PacerCore``, which every call of the fleet goes through) and sizes the fleet
 with ``planner.sizing.decide`` from the live tasks' ages, the booting count and the queue.
 
-The curve: the shipped default of the trace's harness for a trace scenario; for a parametric
-harness a curve fitted (``planner.fit.fit_curve``) from simulated unthrottled samples of the
-parametric model (another seed than the run's), as production fits curves from what landed.
-Only what a real deployment knows is used: the alias config (seed, cache-counting belief), the
+The curve it sizes on and the pacer as the simulator's gate are ``sim.pacer_gate``'s. Only what a real deployment knows is used: the alias config (seed, cache-counting belief), the
 provider's limit classes (which exist, not their values), headers and 429s (a call's first 429,
 not its retries', as the gateway records them).
 """
@@ -19,8 +16,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-
-import numpy as np
 
 from planner.budgets import (
     BudgetClass,
@@ -35,15 +30,12 @@ from planner.budgets import (
 )
 from planner.cache_counting import infer_cached_input_counts
 from planner.classify import Classification, LimitType
-from planner.curves import HarnessCurve, default_curve
+from planner.curves import HarnessCurve
 from planner.decision import Decision, Quantity
 from planner.drain import LOOKBACK_S, drained_rate
 from planner.drain_belief import DrainSample, judged
-from planner.fit import fit_curve
 from planner.pacer import (
     HOLD_AFTER_429_S,
-    CallEstimate,
-    CallUsage,
     PacerCore,
     PacerUsage,
     classes_to_hold,
@@ -61,9 +53,9 @@ from planner.sizing import (
 )
 from sim.charge_tracker import ChargeTracker
 from sim.engine import FleetView, Gate
+from sim.pacer_gate import PacerGate, scenario_curve
 from sim.scenario import Scenario
-from sim.traces import TRACE_HARNESS
-from sim.workload import Workload, build_workload
+from sim.workload import Workload
 
 _BUDGET_CLASS = {
     Quantity.CALLS: BudgetClass.REQUESTS,
@@ -72,95 +64,9 @@ _BUDGET_CLASS = {
     Quantity.INFLIGHT_TOKENS: BudgetClass.INFLIGHT,
 }
 HeadersNow = Callable[[float], Classification | None]
-FIT_SAMPLE_INSTANCES = 400
 # responses arrive out of request order by up to a call's latency: the drain events older than
 # the lookback by this much are trimmed
 DRAIN_TRIM_SLACK_S = 120.0
-
-
-def scenario_curve(scenario: Scenario) -> HarnessCurve:
-    """The curve the planner uses for the scenario's harness (see the module docstring)."""
-    trace = scenario.harness.trace
-    if trace is not None:
-        return default_curve(TRACE_HARNESS.get(trace, trace))
-    sample_scenario = scenario.model_copy(update={"instances": FIT_SAMPLE_INSTANCES})
-    sample = build_workload(sample_scenario, seed_offset=1)
-    lat = scenario.harness.latency
-    return fit_curve(
-        sample.calls_frame(),
-        f"parametric:{scenario.name}",
-        instances=sample.instances_frame(),
-        latency_base_s=lat.base,
-        latency_per_output_token_s=lat.per_output_token,
-    ).curve
-
-
-class PacerGate:
-    """``planner.pacer.PacerCore`` as the simulator's gate (call ids are call indices)."""
-
-    def __init__(self, core: PacerCore, workload: Workload) -> None:
-        self.core = core
-        self._uncached = (workload.input - workload.cached).tolist()
-        self._cached = workload.cached.tolist()
-        self._output = workload.output.tolist()
-        self._offered: dict[int, float] = {}
-        # each call's instance, and when the gate first saw one of its calls: the task's age
-        # as the gateway knows it (an instance's first call is requested as its task starts)
-        self._instance = np.repeat(
-            np.arange(workload.n_instances), np.diff(workload.start)
-        ).tolist()
-        self._task_started: dict[int, float] = {}
-        self.on_admit: Callable[[float, int], None] | None = None  # hears of each admission
-        self.wait_s = 0.0
-        self.admitted = 0
-
-    def offer(self, now: float, call: int) -> bool:
-        started = self._task_started.setdefault(self._instance[call], now)
-        est = CallEstimate(
-            self._uncached[call],
-            self._cached[call],
-            self._output[call],
-            task_age_s=max(0.0, now - started),
-        )
-        admitted = self.core.request(str(call), est, now).admitted
-        if admitted:
-            self.admitted += 1
-            if self.on_admit is not None:
-                self.on_admit(now, call)
-        else:
-            self._offered[call] = now
-        return admitted
-
-    def release(self, now: float, call: int, ok: bool) -> None:
-        usage = (
-            CallUsage(self._uncached[call], self._cached[call], self._output[call]) if ok else None
-        )
-        self.core.release(str(call), usage, now)
-
-    @property
-    def waiting(self) -> int:
-        return self.core.queue_len
-
-    def admit_ready(self, now: float) -> list[int]:
-        calls = [int(c) for c in self.core.poll(now)]
-        for call in calls:
-            self.wait_s += now - self._offered.pop(call)
-            if self.on_admit is not None:
-                self.on_admit(now, call)
-        self.admitted += len(calls)
-        return calls
-
-    def take_waits(self) -> tuple[float, int]:
-        """Seconds waited and calls admitted since the last call (the gateway's pacer figures)."""
-        out = (self.wait_s, self.admitted)
-        self.wait_s, self.admitted = 0.0, 0
-        return out
-
-    def next_time(self, now: float) -> float | None:
-        nt = self.core.next_ready_at(now)
-        if nt is None or nt == float("inf"):
-            return None
-        return nt
 
 
 class PlannerPolicy:

@@ -283,7 +283,7 @@ def test_no_bin_has_negative_mass_and_every_parametric_fit_is_finite() -> None:
     harness failed outright (wide-73 of sim.generate_wide: the benchmark command crashed)."""
     from planner.fit import interval_mass
     from sim.generate_wide import wide_scenario
-    from sim.planner_policy import scenario_curve
+    from sim.pacer_gate import scenario_curve
 
     rng = np.random.default_rng(0)
     for _ in range(10):
