@@ -1,7 +1,8 @@
 """What the gateway recorded for an alias since the planner's last tick, read from the ledger.
 
 * ``read_window``: the ``llm_calls`` of one alias after the watermark id — 429s by limit type
-  (a call's first, not its retries': ``llm_calls.retry``), overloads, spend errors (and the
+  (a call's first, not its retries': ``llm_calls.retry``, unless the provider answered
+  nothing else in the window: ``planner.retry_evidence``), overloads, spend errors (and the
   runs they hit), the counted usage of each budget class, the largest served call of each
   token class, the pacer wait — as
   ``WindowCalls``; ``latest_call_id`` starts the watermark;
@@ -38,6 +39,7 @@ from ledger.models import SERVED_STATUSES, THROTTLE_LIMITS_KEY, AliasObservation
 from planner.budgets import BudgetClass, Budgets, TokenClass
 from planner.classify import LimitType
 from planner.drain import LOOKBACK_S, drained_rate
+from planner.retry_evidence import unanswered_retry_throttles
 
 __all__ = [
     "DrainedRates",
@@ -241,6 +243,7 @@ def read_window(
         .group_by(LlmCall.status, LlmCall.limit_type, LlmCall.run_id, LlmCall.retry)
     ).all()
     throttles: list[LimitType] = []
+    retried: set[LimitType] = set()
     overloads = spend = 0
     spend_runs: set[str] = set()
     for status, limit_type, run_id, retry, n in errors:
@@ -250,12 +253,20 @@ def read_window(
                 spend_runs.add(run_id)
         elif limit_type == LimitType.OVERLOAD.value or status in _OVERLOAD_STATUS:
             overloads += int(n)
+        elif status != 429:
+            continue
         elif retry:
-            continue  # a call's first 429 is the evidence; its retries' repeat it
-        elif status == 429 and limit_type in _RATE_TYPES:
+            # a call's first 429 is the evidence; its retries' repeat it (but see below)
+            retried.add(LimitType(limit_type) if limit_type in _RATE_TYPES else LimitType.UNKNOWN)
+        elif limit_type in _RATE_TYPES:
             throttles.extend([LimitType(limit_type)] * int(n))
-        elif status == 429:
+        else:
             throttles.extend([LimitType.UNKNOWN] * int(n))
+    # nothing answered and only retries rejected: the pacer lets through more than the
+    # provider accepts (planner.retry_evidence)
+    throttles.extend(
+        unanswered_retry_throttles(retried, first_429s=len(throttles), answered=int(agg[6]))
+    )
     return WindowCalls(
         calls=int(agg[0]),
         throttles=tuple(throttles),

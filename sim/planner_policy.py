@@ -41,6 +41,7 @@ from planner.pacer import (
     classes_to_hold,
     hold_seconds,
 )
+from planner.retry_evidence import unanswered_retry_throttles
 from planner.sizing import (
     Caps,
     Counting,
@@ -166,6 +167,9 @@ class PlannerPolicy:
 
         self._pacer_gate.on_admit = _on_admit
         self._rejected: set[int] = set()  # calls that drew a 429 (their retries' add nothing)
+        # the window's retries' 429 types, and whether a call's first 429 came in it
+        self._retried_429s: set[LimitType] = set()
+        self._first_429_in_window = False
         self._largest: dict[bool, float] = {True: 0.0, False: 0.0}
         self._largest_output = 0.0
         self.recounted: list[tuple[float, bool]] = []  # (when, cache reads count) on each flip
@@ -222,9 +226,12 @@ class PlannerPolicy:
             # a retry's 429 repeats its first one's evidence (the gateway flags retries in
             # llm_calls.retry, and the planner's window skips them): a call too big for the
             # provider's bucket at the moment, retried until it fits, would otherwise cut every
-            # budget on each retry (docs/bench-planner.md, seventeenth round)
+            # budget on each retry (docs/bench-planner.md, seventeenth round); unless nothing
+            # else happens in the window (``planner.retry_evidence``)
+            self._retried_429s.add(classification.limit_type)
             return
         self._rejected.add(call)
+        self._first_429_in_window = True
         if self.state.in_cooldown(now):
             self._throttles.append(throttle)
             return
@@ -396,6 +403,16 @@ class PlannerPolicy:
             if view is not None and view.remaining:
                 self._observe_remaining(view, now)
         self._check_counting(view, now)
+        self._throttles.extend(
+            (lt, None)
+            for lt in unanswered_retry_throttles(
+                self._retried_429s,
+                first_429s=int(self._first_429_in_window),
+                answered=self._answered,
+            )
+        )
+        self._retried_429s = set()
+        self._first_429_in_window = False
         usage = self.pacer.take_usage(now)
         # read only by the blame of a 429 that names no limit (as the planner tick reads it),
         # and first: a flip of the belief it makes puts what was delivered in new units

@@ -118,3 +118,15 @@ def test_the_largest_served_call_is_read_per_token_class(plan_ledger: Engine) ->
     assert not_counted == {BudgetClass.TOKENS: 3000.0, BudgetClass.OUTPUT_TOKENS: 100.0}
     assert counted is not None and counted[BudgetClass.TOKENS] == 9000.0
     assert combined is not None and combined[BudgetClass.TOKENS] == 3100.0
+
+
+def test_retries_rejected_with_nothing_answered_count_once_per_type(plan_ledger: Engine) -> None:
+    """A window of retries' 429s and no answer: the pacer lets through more than the provider
+    accepts, so the window counts one 429 per type they named (not one per retry)."""
+    add_calls(plan_ledger, 6, status=429, limit_type=None, retry=True)
+    add_calls(plan_ledger, 2, status=429, limit_type="requests", retry=True)
+
+    window = _window(plan_ledger)
+
+    assert sorted(window.throttles) == sorted([LimitType.REQUESTS, LimitType.UNKNOWN])
+    assert window.answered == 0
