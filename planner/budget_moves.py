@@ -1,6 +1,8 @@
-"""How one class's budget moves (rules 4-7 of ``planner.budgets``): a cut after a 429, with
+"""How one class's budget moves (rules 4-8 of ``planner.budgets``): a cut after a 429, with
 the level it leaves remembered and the re-base down it may make; growth on a clean window up to
-its ceiling; and the re-base up of a seed the provider clearly allows more than.
+its ceiling; the re-base up of a seed the provider clearly allows more than (with a window's
+use read with what earlier windows admitted above it carried over); and the lift of a budget
+far below one call the provider accepted whole.
 
 ``planner.budgets.step`` decides which classes move and why; this module owns by how much.
 Pure: the clock is an argument; no I/O.
@@ -13,7 +15,7 @@ from dataclasses import replace
 
 from planner.budget_state import NEG_INF, BudgetClass, BudgetState, ControllerConfig
 
-__all__ = ["cut", "grown", "proven_by_one_call", "rebased_up"]
+__all__ = ["carried_use", "cut", "grown", "proven_by_one_call", "rebased_up"]
 
 
 def cut(
@@ -398,3 +400,25 @@ def proven_by_one_call(
         ),
         moved,
     )
+
+
+def carried_use(
+    state: BudgetState, utilisation: Mapping[BudgetClass, float], config: ControllerConfig
+) -> tuple[BudgetState, dict[BudgetClass, float]]:
+    """Each budget's use in the window, with what earlier windows admitted above the whole of
+    it carried over (at most ``usage_carry_windows`` windows of it), and the state with the
+    new carry. A call larger than a window of its budget is admitted in one window and repays
+    its debt in the next ones, which admit nothing: use of 3, 0, 0 is the whole budget, as
+    1, 1, 1 is. Read window by window, each idle window restarted rule 7's hold, and a budget
+    used in lumps was never re-based up."""
+    carry: dict[BudgetClass, float] = {}
+    out: dict[BudgetClass, float] = {}
+    for cls, util in utilisation.items():
+        total = max(util, 0.0) + state.usage_carry.get(cls, 0.0)
+        out[cls] = min(total, 1.0)
+        left = min(total - 1.0, config.usage_carry_windows)
+        if left > 0:
+            carry[cls] = left
+    if carry == state.usage_carry:
+        return state, out
+    return replace(state, usage_carry=carry), out

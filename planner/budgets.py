@@ -97,7 +97,9 @@ Rules, in the order ``step`` applies them:
    budget by ``growth`` up to min(max_over_seed x seed (``stale_max_over_seed`` x a stale
    one), hard cap, recent 429 level x (1 - probe_margin)).
 7. A budget held at rule 6's ceiling over its seed by that ceiling alone (no header limit or
-   recent 429 level below it), clean and used at least ``rebase_up_min_utilisation`` for
+   recent 429 level below it), clean and used at least ``rebase_up_min_utilisation`` (a
+   window's use with what earlier windows admitted above the whole budget carried over:
+   calls larger than a window of it come in lumps, ``budget_moves.carried_use``) for
    ``rebase_up_s``, or until what the provider accepted exceeds what a full per-minute bucket
    (``provider_burst_s``) and the seed's rate could have served since (at the ceiling fully
    used, 120 s; a stale seed waits out the hold), re-bases its seed to its level: the
@@ -412,7 +414,7 @@ def step(
     used: dict[BudgetClass, float] = {}  # clean and pressed against: evidence for rule 7
     utilisation = obs.utilisation
     if utilisation is not None:
-        state, utilisation = _carried(state, utilisation, config)
+        state, utilisation = budget_moves.carried_use(state, utilisation, config)
     idle = utilisation is not None and not any(v > 0 for v in utilisation.values())
     if not frozen_in_window and not state.in_cooldown(now) and not idle:
         for cls in state.budgets.classes():
@@ -466,24 +468,6 @@ def step(
         rebased=tuple(rebased),
         notes=tuple(notes),
     )
-
-
-def _carried(
-    state: BudgetState, utilisation: Mapping[BudgetClass, float], config: ControllerConfig
-) -> tuple[BudgetState, dict[BudgetClass, float]]:
-    """The window's use of each budget with what earlier windows admitted above the whole of
-    it carried over (at most ``usage_carry_windows`` windows of it), and the new carry."""
-    carry: dict[BudgetClass, float] = {}
-    out: dict[BudgetClass, float] = {}
-    for cls, util in utilisation.items():
-        total = max(util, 0.0) + state.usage_carry.get(cls, 0.0)
-        out[cls] = min(total, 1.0)
-        left = min(total - 1.0, config.usage_carry_windows)
-        if left > 0:
-            carry[cls] = left
-    if carry == state.usage_carry:
-        return state, out
-    return replace(state, usage_carry=carry), out
 
 
 def _floored(state: BudgetState, config: ControllerConfig) -> BudgetState:
