@@ -121,8 +121,9 @@ class ControllerConfig:
     # cuts under its level [1, 4] (budget_moves)
     drained_memory_over: float = 1.4
     # how long a level blamed on an unknown 429 by the share rule alone caps growth, until a
-    # re-probe confirms it (at most memory_s) [0, 86400]
-    unchecked_memory_s: float = 600.0
+    # re-probe confirms it (at most memory_s) [0, 86400]; 10 minutes until the thirty-second
+    # round (docs/bench-planner.md): a wrong guess held the other limit idle for that long
+    unchecked_memory_s: float = 300.0
     probe_margin: float = 0.05  # growth stays this far below a recent 429 level [0, 0.5]
     rebase_cuts: int = 2  # cuts below the seed ... [1, 20]
     rebase_period_s: float = 1800.0  # ... within this period re-base the seed [0, 86400]

@@ -70,7 +70,7 @@ Rules, in the order ``step`` applies them:
    measured; read as how fast each bucket was drained, ``WindowObservation.drained``, where
    the gateway says): the other classes are cut too, but their levels stay allowed and the cut does
    not count towards a re-base; and as that blame is a guess, the level it leaves caps growth
-   for ``unchecked_memory_s`` (10 minutes) until a re-probe at about that level confirms it
+   for ``unchecked_memory_s`` (5 minutes) until a re-probe at about that level confirms it
    (a wrong guess held a token budget at half its limit for 20 minutes while the 429s were
    the output limit's). Once ``blame_min_samples`` unknown 429s (one per episode)
    have been measured, the blame is only among the classes whose accepted rate held steady

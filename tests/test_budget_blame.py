@@ -358,7 +358,8 @@ def test_an_unknown_429_remembers_the_level_its_bucket_drained_at_not_the_level_
     remembered = 20.0 * CFG.drained_memory_over
     assert s.last_429_level[REQ] == pytest.approx(remembered)
     assert s.budgets.calls_per_s == pytest.approx(remembered * CFG.cut)
-    regrown, _ = clean_until(s, 15.0, 15.0 + 600.0)
+    # a guess (one 429, the share rule alone): remembered for unchecked_memory_s
+    regrown, _ = clean_until(s, 15.0, 15.0 + CFG.unchecked_memory_s - CFG.window_s)
     assert regrown.budgets.calls_per_s == pytest.approx(remembered * (1 - CFG.probe_margin))
     # a drained rate far under the level: at most two cuts are taken from the level
     low = {REQ: 5.0, TOK: 1_000.0, OUT: 100.0}
@@ -368,5 +369,5 @@ def test_an_unknown_429_remembers_the_level_its_bucket_drained_at_not_the_level_
     # read from the level alone (no drained rates), the budget regrows to the level of the 429
     naive = replace(fresh(), budgets=replace(SEED, calls_per_s=45.0))
     naive, _ = window(naive, 15.0, LimitType.UNKNOWN, delivered=rates)
-    naive, _ = clean_until(naive, 15.0, 15.0 + 600.0)
+    naive, _ = clean_until(naive, 15.0, 15.0 + CFG.unchecked_memory_s - CFG.window_s)
     assert naive.budgets.calls_per_s == pytest.approx(45.0 * (1 - CFG.probe_margin))
