@@ -1,12 +1,35 @@
-"""Helpers shared by the simulator's tests: the project root and a small parametric scenario
-document to vary. Import with ``from tests.sim.sim_support import ...``."""
+"""Helpers shared by the simulator's tests: the project root, a small parametric scenario
+document to vary, and the planner's result row under a given controller. Import with
+``from tests.sim.sim_support import ...``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from planner.budgets import ControllerConfig
+from sim.engine import Simulation
+from sim.limits import ProviderLimits
+from sim.metrics import limit_spec, lower_bound, summarise
+from sim.planner_policy import PlannerPolicy
+from sim.reveal import headers_now
+from sim.scenario import Scenario
+from sim.workload import build_workload
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def planner_row(scenario: Scenario, controller: ControllerConfig | None = None) -> dict[str, Any]:
+    """The planner's result row on ``scenario``, with ``controller`` (default: the shipped)."""
+    workload = build_workload(scenario)
+    spec, changes = limit_spec(scenario)
+    provider = ProviderLimits(spec, changes)
+    style = scenario.provider.headers
+    policy = PlannerPolicy(
+        scenario, workload, lambda now: headers_now(style, provider, now), controller=controller
+    )
+    stats = Simulation(workload, policy, provider, style).run()
+    return summarise(stats, scenario, lower_bound(scenario, workload))
 
 
 def parametric(**over: Any) -> dict[str, Any]:

@@ -14,14 +14,11 @@ from typing import Any
 
 from planner.budgets import ControllerConfig
 from planner.classify import Classification, LimitType
-from sim.engine import Simulation
-from sim.limits import ProviderLimits
-from sim.metrics import limit_spec, lower_bound, summarise
 from sim.planner_policy import PlannerPolicy
-from sim.reveal import headers_now
 from sim.scenario import load_scenario
 from sim.targets import MAX_RATIO
 from sim.workload import build_workload
+from tests.sim.sim_support import planner_row
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTSIDE = ROOT / "scenarios" / "outside"
@@ -29,16 +26,7 @@ OUTSIDE = ROOT / "scenarios" / "outside"
 
 def run_planner(name: str, controller: ControllerConfig) -> dict[str, Any]:
     """The planner's result row on ``scenarios/outside/NAME.yaml`` with this controller."""
-    scenario = load_scenario(OUTSIDE / f"{name}.yaml")
-    workload = build_workload(scenario)
-    spec, changes = limit_spec(scenario)
-    provider = ProviderLimits(spec, changes)
-    style = scenario.provider.headers
-    policy = PlannerPolicy(
-        scenario, workload, lambda now: headers_now(style, provider, now), controller=controller
-    )
-    stats = Simulation(workload, policy, provider, style).run()
-    return summarise(stats, scenario, lower_bound(scenario, workload))
+    return planner_row(load_scenario(OUTSIDE / f"{name}.yaml"), controller)
 
 
 def test_a_stale_seed_far_below_the_limits_is_not_held_to_one_and_a_half_times_it() -> None:

@@ -16,14 +16,8 @@ from typing import Any
 import pytest
 
 from planner.budget_state import ControllerConfig
-from sim.bench import run_policy
-from sim.engine import Simulation
-from sim.limits import ProviderLimits
-from sim.metrics import limit_spec, lower_bound, summarise
-from sim.planner_policy import PlannerPolicy
-from sim.reveal import headers_now
 from sim.scenario import parse_scenario
-from sim.workload import build_workload
+from tests.sim.sim_support import planner_row
 
 pytestmark = pytest.mark.slow
 
@@ -83,21 +77,7 @@ FUZZ_157: dict[str, Any] = {
 
 
 def _planner(document: dict[str, Any], controller: ControllerConfig | None = None) -> Any:
-    scenario = parse_scenario(document, document["name"])
-    workload = build_workload(scenario)
-    bound = lower_bound(scenario, workload)
-    if controller is None:
-        return run_policy(scenario, workload, "planner", bound)
-    spec, changes = limit_spec(scenario)
-    provider = ProviderLimits(spec, changes)
-    policy = PlannerPolicy(
-        scenario,
-        workload,
-        lambda now: headers_now(scenario.provider.headers, provider, now),
-        controller=controller,
-    )
-    stats = Simulation(workload, policy, provider, scenario.provider.headers).run()
-    return summarise(stats, scenario, bound)
+    return planner_row(parse_scenario(document, document["name"]), controller)
 
 
 @pytest.mark.parametrize("document", [FUZZ_103, FUZZ_157], ids=lambda d: d["name"])
