@@ -6,9 +6,11 @@ scenario's header style; nothing with ``none``), pushes the budgets to the pacer
 (``planner.pacer.PacerCore``, which every call of the fleet goes through) and sizes the fleet
 with ``planner.sizing.decide`` from the live tasks' ages, the booting count and the queue.
 
-The curve it sizes on and the pacer as the simulator's gate are ``sim.pacer_gate``'s. Only what a real deployment knows is used: the alias config (seed, cache-counting belief), the
+The curve it sizes on and the pacer as the simulator's gate are ``sim.pacer_gate``'s. Only
+what a real deployment knows is used: the alias config (seed, cache-counting belief), the
 provider's limit classes (which exist, not their values), headers and 429s (a call's first 429,
-not its retries', as the gateway records them).
+not its retries', as the gateway records them, unless the provider answered nothing else in
+the window: ``planner.retry_evidence``).
 """
 
 from __future__ import annotations
