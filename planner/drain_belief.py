@@ -22,7 +22,19 @@ the token rate counted the other way
   drains those buckets steadily, and the token rates, counted either way, then say nothing.
 
 The limit in the new units is then the median of what the other counting drained
-(``measured_limit``). A workload whose cache share does not move with age (a fixed share per
+(``measured_limit``).
+
+A belief the samples once confirmed (the mirror of a contradiction: the believed counting
+steady, the other wandering, the steadiest class by ``margin``: ``drain_confirms_belief``) is
+flipped only by a contradiction over ``confirmed_samples`` 429s. A provider counts one way for
+the whole run, so the belief was right, unless a limit moved under those samples; and a limit
+that moves makes the counting whose rate it moves look the wandering one. A limit dropping by
+a third while the fleet aged read "cache reads count" across four 429s (its uncached rate fell
+8,925 to 6,651 tokens/s, the counted-with-cache one held within 4.3%), though four earlier
+ones had held the uncached rate within 2.4% while the other wandered 21,612 to 51,699: the
+flip starved the fleet for 40 minutes (random-4088). Over twice the samples a drop spans them
+and reads as nothing, while a belief wrongly confirmed (it too needs a limit to move) is still
+contradicted once the limit holds. A workload whose cache share does not move with age (a fixed share per
 call) reads the same spread both ways: the belief stands, and a wrong one costs only a seed in
 other units, which the controller re-bases like any other. Pure: samples in, a verdict out.
 """
@@ -39,7 +51,9 @@ from planner.budget_state import BudgetClass
 
 __all__ = [
     "DrainBeliefConfig",
+    "DrainEvidence",
     "DrainSample",
+    "drain_confirms_belief",
     "drain_contradicts_belief",
     "judged",
     "measured_limit",
@@ -68,6 +82,20 @@ class DrainSample:
             output=drained.get(BudgetClass.OUTPUT_TOKENS),
         )
 
+    def swapped(self) -> DrainSample:
+        """The same rates with the two countings' roles swapped (the other belief's view)."""
+        return DrainSample(self.other, self.believed, self.requests, self.output)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainEvidence:
+    """The drained rates of the latest 429s of an unknown limit (at most
+    ``DrainBeliefConfig.confirmed_samples``), and whether they ever confirmed the belief since
+    it was last set (``drain_confirms_belief``)."""
+
+    samples: tuple[DrainSample, ...] = ()
+    confirmed: bool = False
+
 
 @dataclass(frozen=True)
 class DrainBeliefConfig:
@@ -79,6 +107,8 @@ class DrainBeliefConfig:
     steady_spread: float = 1.05  # the other counting's spread (max / min) at most [1, 2]
     share: float = 0.3  # ... at most this share of the believed counting's, in logs [0, 1]
     margin: float = 1.5  # ... and the steadiest class by this factor, in logs [1, 10]
+    # 429s a contradiction of a belief the samples once confirmed reads [samples, 50]
+    confirmed_samples: int = 8
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -86,6 +116,17 @@ class DrainBeliefConfig:
             problems.append(f"samples: must be an integer, got {self.samples!r}")
         elif not 3 <= self.samples <= 50:
             problems.append(f"samples: must be within [3, 50], got {self.samples!r}")
+        elif isinstance(self.confirmed_samples, bool) or not isinstance(
+            self.confirmed_samples, int
+        ):
+            problems.append(
+                f"confirmed_samples: must be an integer, got {self.confirmed_samples!r}"
+            )
+        elif not self.samples <= self.confirmed_samples <= 50:
+            problems.append(
+                f"confirmed_samples: must be within [samples ({self.samples}), 50], "
+                f"got {self.confirmed_samples!r}"
+            )
         for name, lo, hi in (
             ("steady_spread", 1.0, 2.0),
             ("share", 0.0, 1.0),
@@ -103,14 +144,18 @@ def _log_spread(values: Sequence[float]) -> float:
 
 
 def drain_contradicts_belief(
-    samples: Sequence[DrainSample], config: DrainBeliefConfig | None = None
+    samples: Sequence[DrainSample],
+    config: DrainBeliefConfig | None = None,
+    *,
+    reads: int | None = None,
 ) -> bool:
-    """Whether the last ``config.samples`` 429s of an unknown limit say the provider counts
-    its token limit the other way from the belief (module docstring). Fewer samples, or a
-    rate of zero among them: False (the belief stands)."""
+    """Whether the last ``reads`` (default ``config.samples``) 429s of an unknown limit say
+    the provider counts its token limit the other way from the belief (module docstring).
+    Fewer samples, or a rate of zero among them: False (the belief stands)."""
     cfg = config or DrainBeliefConfig()
-    last = list(samples)[-cfg.samples :]
-    if len(last) < cfg.samples:
+    n = cfg.samples if reads is None else reads
+    last = list(samples)[-n:]
+    if len(last) < n:
         return False
     rates = [s.believed for s in last] + [s.other for s in last] + [s.requests for s in last]
     if any(not (math.isfinite(r) and r > 0) for r in rates):
@@ -126,23 +171,38 @@ def drain_contradicts_belief(
     return all(other * cfg.margin <= r for r in rivals)
 
 
-def measured_limit(
+def drain_confirms_belief(
     samples: Sequence[DrainSample], config: DrainBeliefConfig | None = None
+) -> bool:
+    """Whether the last ``config.samples`` 429s confirm the belief: they would contradict the
+    other one (the believed counting steady, the other wandering, by the same tests)."""
+    return drain_contradicts_belief([s.swapped() for s in samples], config)
+
+
+def measured_limit(
+    samples: Sequence[DrainSample],
+    config: DrainBeliefConfig | None = None,
+    *,
+    reads: int | None = None,
 ) -> float:
     """The token limit in the other units, as the samples of a verdict drained it: the median
-    of the other counting's rates over the last ``config.samples``."""
+    of the other counting's rates over the last ``reads`` (default ``config.samples``)."""
     cfg = config or DrainBeliefConfig()
-    return float(statistics.median(s.other for s in list(samples)[-cfg.samples :]))
+    n = cfg.samples if reads is None else reads
+    return float(statistics.median(s.other for s in list(samples)[-n:]))
 
 
 def judged(
-    samples: Sequence[DrainSample], sample: DrainSample, config: DrainBeliefConfig | None = None
-) -> tuple[tuple[DrainSample, ...], float | None]:
-    """``sample`` added to the last ``samples``: the samples to keep and None while the belief
-    stands, or none and the limit measured in the other units (``measured_limit``) where they
-    contradict it (the caller flips the belief)."""
+    evidence: DrainEvidence, sample: DrainSample, config: DrainBeliefConfig | None = None
+) -> tuple[DrainEvidence, float | None]:
+    """``sample`` added to the evidence: the evidence to keep and None while the belief
+    stands, or none and the limit measured in the other units (``measured_limit``) where the
+    samples contradict it (the caller flips the belief): over ``config.samples`` 429s, or
+    ``config.confirmed_samples`` once they have confirmed it."""
     cfg = config or DrainBeliefConfig()
-    kept = (*samples, sample)[-cfg.samples :]
-    if not drain_contradicts_belief(kept, cfg):
-        return kept, None
-    return (), measured_limit(kept, cfg)
+    kept = (*evidence.samples, sample)[-cfg.confirmed_samples :]
+    confirmed = evidence.confirmed or drain_confirms_belief(kept, cfg)
+    reads = cfg.confirmed_samples if confirmed else cfg.samples
+    if not drain_contradicts_belief(kept, cfg, reads=reads):
+        return DrainEvidence(kept, confirmed), None
+    return DrainEvidence(), measured_limit(kept, cfg, reads=reads)

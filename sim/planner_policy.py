@@ -35,7 +35,7 @@ from planner.classify import Classification, LimitType
 from planner.curves import HarnessCurve
 from planner.decision import Decision, Quantity
 from planner.drain import LOOKBACK_S, drained_rate
-from planner.drain_belief import DrainSample, judged
+from planner.drain_belief import DrainEvidence, DrainSample, judged
 from planner.pacer import (
     HOLD_AFTER_429_S,
     PacerCore,
@@ -161,7 +161,7 @@ class PlannerPolicy:
         }
         self._token_drain: dict[bool, deque[tuple[float, float]]] = {True: deque(), False: deque()}
         # the drained rates at the latest steps that read them (planner.drain_belief)
-        self._belief_samples: tuple[DrainSample, ...] = ()
+        self._belief_samples = DrainEvidence()
 
         def _on_admit(now: float, call: int) -> None:
             self._admit_at[call] = now
@@ -351,7 +351,7 @@ class PlannerPolicy:
         ``measured``, the limit in the new units, where no header states it)."""
         self.recounted.append((now, counts))
         self.charges.restart()
-        self._belief_samples = ()
+        self._belief_samples = DrainEvidence()
         self.counting = replace(self.counting, cached_input_counts=counts)
         self.steady = steady_state(
             self.curve, self.counting, self.sizing.boot_s, self.sizing.integration_age_s

@@ -43,7 +43,7 @@ from planner.cache_counting import (
     infer_cached_input_counts,
     span_close_lag_s,
 )
-from planner.drain_belief import DrainSample, judged
+from planner.drain_belief import DrainEvidence, DrainSample, judged
 
 SPAN_S = 30.0  # a span covers at least this long
 LAG_S = 30.0  # and closes this long after its end, plus the longest recent wait and latency
@@ -74,6 +74,7 @@ class CountingEvidence:
     windows: tuple[ChargeWindow, ...] = ()
     drained: tuple[DrainSample, ...] = ()
     dips: tuple[ChargeWindow, ...] = ()
+    drained_confirmed: bool = False  # the drained samples once confirmed the belief
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +86,7 @@ class CountingEvidence:
             "windows": [[getattr(w, f) for f in _WINDOW_FIELDS] for w in self.windows],
             "drained": [[d.believed, d.other, d.requests, d.output] for d in self.drained],
             "dips": [[getattr(w, f) for f in _WINDOW_FIELDS] for w in self.dips],
+            "drained_confirmed": self.drained_confirmed,
         }
 
     @classmethod
@@ -124,9 +126,12 @@ class CountingEvidence:
                     )
                     continue
             problems.append(f"counting.drained[{i}]: must be 3 numbers and a number or null")
+        confirmed = raw.get("drained_confirmed", False)
+        if not isinstance(confirmed, bool):
+            problems.append("counting.drained_confirmed: must be true or false")
         if problems:
             raise ConfigError(source, problems)
-        return cls(tuple(anchors), tuple(windows), tuple(drained), tuple(dips))
+        return cls(tuple(anchors), tuple(windows), tuple(drained), tuple(dips), confirmed)
 
 
 def _numbers(item: Any, n: int) -> bool:
@@ -180,7 +185,13 @@ def advance(
     dips = dips[-KEEP:]
     counts = infer_cached_input_counts(windows, believed, dips=dips)
     if counts == believed:
-        evidence = CountingEvidence(tuple(anchors), tuple(windows), evidence.drained, tuple(dips))
+        evidence = CountingEvidence(
+            tuple(anchors),
+            tuple(windows),
+            evidence.drained,
+            tuple(dips),
+            evidence.drained_confirmed,
+        )
         return evidence, counts
     return CountingEvidence(tuple(anchors[-1:])), counts
 
@@ -196,9 +207,16 @@ def judge_by_drain(
     ``other_tokens``: counted the other way) adds a sample; where the last samples contradict
     the belief (``planner.drain_belief``), returns the other belief and the limit they
     measured in its units (the samples are spent); else the belief and None."""
-    samples, measured = judged(evidence.drained, DrainSample.of(drained, other_tokens))
+    kept, measured = judged(
+        DrainEvidence(evidence.drained, evidence.drained_confirmed),
+        DrainSample.of(drained, other_tokens),
+    )
     counts = believed if measured is None else not believed
-    return replace(evidence, drained=samples), counts, measured
+    return (
+        replace(evidence, drained=kept.samples, drained_confirmed=kept.confirmed),
+        counts,
+        measured,
+    )
 
 
 def _complete_horizon(conn: Connection, alias: str, stated: float | None, now: datetime) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from evalfleet.errors import ConfigError
+from planner.budget_state import BudgetClass
 from planner.cache_counting import (
     BucketReading,
     ChargeWindow,
@@ -196,9 +197,16 @@ def test_stored_evidence_round_trips_and_bad_evidence_is_named() -> None:
         (span(CAP, CAP, 1e6, 3e6),),
         (DrainSample(9_000.0, 2_000.0, 3.0, None), DrainSample(9_500.0, 2_010.0, 3.2, 400.0)),
         (span(CAP, 0.97 * CAP, 1e5, 4e5, span_s=1.0),),
+        True,
     )
     assert CountingEvidence.from_json(evidence.to_json(), source="t") == evidence
     assert CountingEvidence.from_json(None, source="t") == CountingEvidence()
+    # saved before the drained samples could confirm the belief: not confirmed
+    saved = evidence.to_json()
+    del saved["drained_confirmed"]
+    assert CountingEvidence.from_json(saved, source="t").drained_confirmed is False
+    with pytest.raises(ConfigError, match=r"counting.drained_confirmed"):
+        CountingEvidence.from_json({"drained_confirmed": "yes"}, source="t")
     with pytest.raises(ConfigError, match=r"counting.anchors\[0\]"):
         CountingEvidence.from_json({"anchors": [[1.0, "x", 2.0]]}, source="pacer_states 'a'")
     with pytest.raises(ConfigError, match=r"counting.dips\[0\]"):
@@ -207,3 +215,30 @@ def test_stored_evidence_round_trips_and_bad_evidence_is_named() -> None:
         CountingEvidence.from_json(
             {"drained": [[1.0, 2.0, 3.0, None], [1.0, 2.0, "x", None]]}, source="t"
         )
+
+
+def test_the_tick_keeps_a_confirmed_belief_through_the_stored_evidence() -> None:
+    """``judge_by_drain`` with the evidence stored and read back between ticks, as the
+    planner tick keeps it: four 429s that confirm the belief, then four that alone would
+    contradict it (random-4088's limit drop), leave it standing."""
+    from tasks.plan_counting import CountingEvidence, judge_by_drain
+
+    confirming = [(9_345.6, 21_612.5, 4.17), (9_454.1, 25_596.7, 4.08)]
+    confirming += [(9_566.6, 32_146.5, 3.93), (9_499.6, 51_699.0, 3.78)]
+    after_drop = [(8_925.0, 48_850.5, 3.42), (8_696.2, 48_170.6, 3.35)]
+    after_drop += [(7_873.2, 47_365.4, 3.01), (6_651.1, 46_779.0, 2.54)]
+
+    def run(ticks: list[tuple[float, float, float]]) -> tuple[CountingEvidence, list[bool]]:
+        evidence, beliefs = CountingEvidence(), []
+        for believed, other, requests in ticks:
+            drained = {BudgetClass.TOKENS: believed, BudgetClass.REQUESTS: requests}
+            evidence, counts, _ = judge_by_drain(evidence, drained, other, believed=False)
+            evidence = CountingEvidence.from_json(evidence.to_json(), source="t")
+            beliefs.append(counts)
+        return evidence, beliefs
+
+    evidence, beliefs = run(confirming + after_drop)
+    assert beliefs == [False] * 8
+    assert evidence.drained_confirmed
+    _, beliefs = run(after_drop)
+    assert beliefs == [False, False, False, True]

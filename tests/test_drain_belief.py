@@ -8,7 +8,9 @@ import pytest
 from evalfleet.errors import ConfigError
 from planner.drain_belief import (
     DrainBeliefConfig,
+    DrainEvidence,
     DrainSample,
+    drain_confirms_belief,
     drain_contradicts_belief,
     judged,
     measured_limit,
@@ -76,7 +78,15 @@ def test_fewer_samples_than_the_verdict_reads_leave_the_belief_alone() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("samples", 2), ("samples", 6.0), ("steady_spread", 0.9), ("share", 1.5), ("margin", 0.5)],
+    [
+        ("samples", 2),
+        ("samples", 6.0),
+        ("steady_spread", 0.9),
+        ("share", 1.5),
+        ("margin", 0.5),
+        ("confirmed_samples", 3),
+        ("confirmed_samples", 8.0),
+    ],
 )
 def test_a_bad_constant_is_named(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as err:
@@ -86,15 +96,69 @@ def test_a_bad_constant_is_named(field: str, value: object) -> None:
 
 def test_judged_keeps_the_last_samples_and_spends_them_on_a_verdict() -> None:
     samples = _samples(COUNTED, UNCACHED, REQUESTS)[: DrainBeliefConfig().samples]
-    kept: tuple[DrainSample, ...] = ()
+    kept = DrainEvidence()
     for sample in samples[:-1]:
         kept, measured = judged(kept, sample)
         assert measured is None
-    assert kept == tuple(samples[:-1])
+    assert kept == DrainEvidence(tuple(samples[:-1]))
     kept, measured = judged(kept, samples[-1])
-    assert kept == ()
+    assert kept == DrainEvidence()
     assert measured == pytest.approx(measured_limit(samples))
-    # past the window the oldest sample goes: a wandering start is forgotten
-    start = [DrainSample(believed=9e4, other=3e3, requests=1.0)]
-    kept, measured = judged(tuple(start), samples[0])
-    assert kept == (start[0], samples[0]) and measured is None
+    # a wandering start that confirmed nothing does not hold the verdict back
+    start = DrainSample(believed=9e4, other=3e3, requests=1.0)
+    kept = DrainEvidence((start,))
+    for sample in samples:
+        kept, measured = judged(kept, sample)
+    assert kept == DrainEvidence() and measured == pytest.approx(measured_limit(samples))
+
+
+# random-4088 of sim.generate (cache reads not counted, believed so): the uncached rate drained
+# at four token 429s held within 2.4% while the rate counting cache reads wandered; then the
+# token limit dropped from 9,675 to 6,165 tokens/s while the fleet aged, and across the next
+# four 429s the uncached rate fell while the other held within 4.3%
+CONFIRMING = _samples(
+    [9_345.6, 9_454.1, 9_566.6, 9_499.6],
+    [21_612.5, 25_596.7, 32_146.5, 51_699.0],
+    [4.17, 4.08, 3.93, 3.78],
+)
+AFTER_A_DROP = _samples(
+    [8_925.0, 8_696.2, 7_873.2, 6_651.1],
+    [48_850.5, 48_170.6, 47_365.4, 46_779.0],
+    [3.42, 3.35, 3.01, 2.54],
+)
+
+
+def test_a_belief_the_samples_confirmed_is_not_flipped_by_a_limit_moving_under_four() -> None:
+    assert drain_confirms_belief(CONFIRMING)
+    assert drain_contradicts_belief(AFTER_A_DROP)  # alone, four samples would flip it
+    kept = DrainEvidence()
+    for sample in [*CONFIRMING, *AFTER_A_DROP]:
+        kept, measured = judged(kept, sample)
+        assert measured is None
+    assert kept.confirmed
+    assert kept.samples == tuple([*CONFIRMING, *AFTER_A_DROP])
+    # never confirmed, the same last four flip it
+    unconfirmed = DrainEvidence()
+    verdicts = []
+    for sample in AFTER_A_DROP:
+        unconfirmed, measured = judged(unconfirmed, sample)
+        verdicts.append(measured)
+    assert verdicts[-1] == pytest.approx(measured_limit(AFTER_A_DROP))
+
+
+def test_a_confirmed_belief_still_flips_when_the_other_counting_holds_over_the_longer_read() -> (
+    None
+):
+    """A belief wrongly confirmed (a limit moved under its samples) is contradicted once the
+    other counting's rate holds steady over ``confirmed_samples`` 429s."""
+    cfg = DrainBeliefConfig()
+    wrong = _samples(COUNTED + COUNTED[:2], UNCACHED + UNCACHED[:2], REQUESTS + REQUESTS[:2])
+    assert len(wrong) == cfg.confirmed_samples
+    kept = DrainEvidence(confirmed=True)
+    verdicts = []
+    for sample in wrong:
+        kept, measured = judged(kept, sample, cfg)
+        verdicts.append(measured)
+    assert verdicts[: cfg.confirmed_samples - 1] == [None] * (cfg.confirmed_samples - 1)
+    assert verdicts[-1] == pytest.approx(measured_limit(wrong, cfg, reads=cfg.confirmed_samples))
+    assert kept == DrainEvidence()
