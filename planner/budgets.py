@@ -95,7 +95,9 @@ Rules, in the order ``step`` applies them:
    when the observation reports it, the budget used at least ``grow_min_utilisation``, by
    default 0, in a window in which the alias sent something) grows a
    budget by ``growth`` up to min(max_over_seed x seed (``stale_max_over_seed`` x a stale
-   one), hard cap, recent 429 level x (1 - probe_margin)).
+   one), hard cap, recent 429 level x (1 - probe_margin)). The in-flight budget's use is the
+   peak held over the window, except where it sized the fleet while no rate budget was used
+   in full: then it counts as used in full (``planner.inflight_use``, applied by the caller).
 7. A budget held at rule 6's ceiling over its seed by that ceiling alone (no header limit or
    recent 429 level below it), clean and used at least ``rebase_up_min_utilisation`` (a
    window's use with what earlier windows admitted above the whole budget carried over:

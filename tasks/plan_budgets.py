@@ -63,6 +63,7 @@ from planner.budgets import (
 from planner.classify import LimitType
 from planner.curves import DEFAULT_HARNESS, HarnessCurve
 from planner.decision import Binding, Quantity
+from planner.inflight_use import inflight_use, sized_by_inflight
 from planner.sizing import Counting, OverdriveConfig, SizingConfig, hold_overdrive, steady_state
 from tasks.ledger_io import engine
 from tasks.plan_counting import CountingEvidence, advance, judge_by_drain
@@ -289,6 +290,17 @@ def _fed_by(previous: pacer_state.PreviousDecision) -> bool:
     )
 
 
+def _sized_by_inflight(prior: _Prior, previous: pacer_state.PreviousDecision | None) -> bool:
+    """The previous tick's decision sized the fleet by the in-flight budget
+    (``planner.inflight_use``); a decision of an earlier tick says nothing of this window."""
+    return (
+        previous is not None
+        and prior.tick_at is not None
+        and abs((previous.tick_at - prior.tick_at).total_seconds()) <= 1.0
+        and sized_by_inflight(previous.binding, previous.sized_by)
+    )
+
+
 def held_overdrive(
     prior: _Prior,
     previous: pacer_state.PreviousDecision | None,
@@ -386,7 +398,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             overloads=window.overloads,
             spend_errors=window.spend_errors,
             observed_limits=headers,
-            utilisation=utilisation,
+            utilisation=dict(inflight_use(utilisation, _sized_by_inflight(prior, previous))),
             delivered=delivered,
             drained=drained,
             answered=window.answered,
