@@ -29,14 +29,16 @@ steady, the other wandering, the steadiest class by ``margin``: ``drain_confirms
 flipped only by a contradiction over ``confirmed_samples`` 429s. A provider counts one way for
 the whole run, so the belief was right, unless a limit moved under those samples; and a limit
 that moves makes the counting whose rate it moves look the wandering one. A limit dropping by
-a third while the fleet aged read "cache reads count" across four 429s (its uncached rate fell
+a third while the fleet aged read "cache reads count" across four 429s (the uncached rate fell
 8,925 to 6,651 tokens/s, the counted-with-cache one held within 4.3%), though four earlier
 ones had held the uncached rate within 2.4% while the other wandered 21,612 to 51,699: the
-flip starved the fleet for 40 minutes (random-4088). Over twice the samples a drop spans them
-and reads as nothing, while a belief wrongly confirmed (it too needs a limit to move) is still
-contradicted once the limit holds. A workload whose cache share does not move with age (a fixed share per
-call) reads the same spread both ways: the belief stands, and a wrong one costs only a seed in
-other units, which the controller re-bases like any other. Pure: samples in, a verdict out.
+wrong belief held for 38 minutes, the fleet at one task for 17 of them (random-4088). Over
+twice the samples a drop spans them and reads as nothing, while a belief wrongly confirmed
+(that too needs a limit to move) is still contradicted once the limit holds.
+
+A workload whose cache share does not move with age (a fixed share per call) reads the same
+spread both ways: the belief stands, and a wrong one costs only a seed in other units, which
+the controller re-bases like any other. Pure: samples in, a verdict out.
 """
 
 from __future__ import annotations

@@ -17,10 +17,9 @@ endgame's launch of every queued task is sized past the in-flight budget, and a 
 to it launched one cohort whose calls then shared the token budget and lengthened the tail
 (wide-229: 3,505 -> 3,622 s). A rate budget used at 0.8-1.0 is not yet full: the output
 budget of wide-463 ran there under its limit while more tasks would have filled it (2,674 s
-counted so, 2,781 s not). No
-provider limit stands behind the in-flight class to lag as a per-minute bucket does; a
-provider that limits concurrency rejects the call at once, and the 429 cuts the class as
-usual. Pure.
+counted so, 2,781 s not). No provider limit stands behind the in-flight class to lag as a
+per-minute bucket does; a provider that limits concurrency rejects the call at once, and the
+429 cuts the class as usual. Pure.
 """
 
 from __future__ import annotations
@@ -55,4 +54,4 @@ def inflight_use(
     rates = (v for c, v in utilisation.items() if c is not BudgetClass.INFLIGHT)
     if any(v >= FULL for v in rates):
         return utilisation
-    return {**utilisation, BudgetClass.INFLIGHT: max(utilisation[BudgetClass.INFLIGHT], 1.0)}
+    return {**utilisation, BudgetClass.INFLIGHT: max(utilisation[BudgetClass.INFLIGHT], FULL)}
