@@ -41,6 +41,19 @@ def test_a_drained_bucket_that_only_cache_reads_explain_means_they_count() -> No
     assert infer_cached_input_counts(windows, believed=True) is True
 
 
+def test_cache_reads_of_a_fifth_of_the_base_that_the_provider_charged_count() -> None:
+    """wide-2609 of ``sim.generate_wide``: 16% of the input cached, the provider counting it,
+    the alias believing not. The provider charged 3.6M where 3M uncached and 0.6M of cache
+    reads went out: the pacer's 3M undercounts every call by a fifth, and at a stated limit
+    that is a 429 each time the budget re-probes it."""
+    windows = [span(2e6, 1.4e6, base=3e6, cached=0.6e6)]
+    assert infer_cached_input_counts(windows, believed=False) is True
+    # charged only the uncached tokens: the belief stands
+    assert (
+        infer_cached_input_counts([span(2e6, 2e6, base=3e6, cached=0.6e6)], believed=False) is False
+    )
+
+
 def test_a_bucket_drained_from_full_is_a_floor_on_the_charge() -> None:
     # from full to empty in 30 s: refill may have been lost at the top, but 6M left the bucket
     windows = [span(CAP, 0.0, base=1e6, cached=7e6)]
@@ -65,14 +78,16 @@ def test_sending_more_than_the_provider_can_have_charged_means_they_do_not_count
 def test_a_measured_over_send_of_few_cache_reads_still_says_they_do_not_count() -> None:
     """Cache reads of a fifth of the base: a pacer that charges them runs 16% under a limit
     that ignores them (wide-77 of sim.generate_wide, ratio 1.23). Sending more than the bucket
-    can have charged is measured, so a smaller share is enough to say so (10%, not the 25% a
-    drained bucket needs before it says that cache reads count)."""
+    can have charged is measured, so a smaller share is enough to say so (10%; a drained
+    bucket saying that cache reads count needed 25% until the thirty-third round, and now
+    10% too: wide-2609)."""
     # a bucket below capacity, steady: the provider charged exactly its refill, 3M per 30 s,
     # while 3M uncached and 0.6M of cache reads went out
     windows = [span(1e6, 1e6, base=3e6, cached=0.6e6) for _ in range(4)]
     assert infer_cached_input_counts(windows, believed=True) is False
-    # the other way the 25% stands: a bucket drained by 20% more than the base sent proves little
-    drained = [span(2e6, 1e6 - 0.6e6, base=3e6, cached=0.6e6)]
+    # the other way, a bucket drained by a fifth of the cache reads more than the base sent
+    # proves nothing: they count only where it charged at least half of them
+    drained = [span(2e6, 2e6 - 0.12e6, base=3e6, cached=0.6e6)]
     assert infer_cached_input_counts(drained, believed=False) is False
 
 
