@@ -421,6 +421,7 @@ class PlannerPolicy:
         utilisation = inflight_use(
             usage.utilisation,
             last is not None and sized_by_inflight(last.binding, last.sized_by),
+            limits_stated=self.state.observed_at is not None,
         )
         # read only by the blame of a 429 that names no limit (as the planner tick reads it),
         # and first: a flip of the belief it makes puts what was delivered in new units

@@ -398,7 +398,13 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             overloads=window.overloads,
             spend_errors=window.spend_errors,
             observed_limits=headers,
-            utilisation=dict(inflight_use(utilisation, _sized_by_inflight(prior, previous))),
+            utilisation=dict(
+                inflight_use(
+                    utilisation,
+                    _sized_by_inflight(prior, previous),
+                    limits_stated=state.observed_at is not None,
+                )
+            ),
             delivered=delivered,
             drained=drained,
             answered=window.answered,

@@ -20,6 +20,8 @@ def test_a_fleet_sized_by_the_in_flight_budget_uses_it_in_full() -> None:
     assert used[BudgetClass.INFLIGHT] == 1.0
     assert used[BudgetClass.REQUESTS] == BUSY[BudgetClass.REQUESTS]
     assert inflight_use(BUSY, False) == BUSY
+    # without stated limits the rate budgets are guesses, and the in-flight budget a brake
+    assert inflight_use(BUSY, True, limits_stated=False) == BUSY
     # a peak above the budget (one call larger than the rest of it) stays as measured
     assert inflight_use({**BUSY, BudgetClass.INFLIGHT: 1.3}, True)[BudgetClass.INFLIGHT] == 1.3
 

@@ -398,18 +398,22 @@ def test_a_wrong_cache_belief_without_headers_flips_on_the_drained_token_rates(
     assert state.budgets.tokens_per_s <= state.seed.tokens_per_s * 1.05
 
 
+@pytest.mark.parametrize("stated", [True, False], ids=["headers", "no-headers"])
 def test_an_in_flight_seed_that_sizes_the_fleet_is_re_based_up_through_the_ledger(
-    plan_ledger: Engine,
+    plan_ledger: Engine, stated: bool
 ) -> None:
     """``planner.inflight_use`` through the ledger: an operator sets the in-flight seed far
     below what the fleet needs, so the previous decision's fleet is sized by it, while the
-    calls hold it at a few percent on average. Counted as used in full, the seed is re-based up
-    once held at 1.5x it (rule 7); read as the calls' mean in-flight it never would be."""
+    calls hold it at a few percent on average. Where the provider states its limits, it counts
+    as used in full and the seed is re-based up once held at 1.5x it (rule 7); read as the
+    calls' mean in-flight, as without headers (the rate budgets are guesses there), it is not."""
     add_run(plan_ledger, running=2, queued=200)
     plan.plan_tick(T0, False)
     alias = plan.aliases().get(ALIAS)
     with Session(plan_ledger) as session, session.begin():
         rebase_pacer(session, alias, {"inflight_tokens": 3_000.0}, now=T0, actor="op", reason="low")
+    if stated:  # after the re-base, which starts the controller afresh
+        add_stated_limits(plan_ledger, {"requests": 6_000.0}, at=T0 + timedelta(seconds=5))
     bindings = []
     for tick in range(1, 30):
         at = T0 + timedelta(seconds=15 * tick)
@@ -418,4 +422,7 @@ def test_an_in_flight_seed_that_sizes_the_fleet_is_re_based_up_through_the_ledge
     assert bindings[0] == "inflight_budget"
     state = stored(plan_ledger).state
     assert state.seed.inflight_tokens is not None
-    assert state.seed.inflight_tokens > 3_000.0 * 1.4
+    if stated:
+        assert state.seed.inflight_tokens > 3_000.0 * 1.4
+    else:
+        assert state.seed.inflight_tokens == pytest.approx(3_000.0)
