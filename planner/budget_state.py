@@ -366,6 +366,9 @@ class WindowObservation:
     ``largest_accepted``: per token class (counted tokens, output tokens), the tokens of the
     largest single call the provider accepted in the window, counted as the alias counts them
     (rule 8). None: nothing is proven by one call.
+    ``sized_by_inflight``: the previous decision's fleet was sized by the in-flight budget
+    (``planner.inflight_use.sized_by_inflight``); where the provider states its limits, the
+    window then counts it as used in full (``planner.inflight_use``).
     """
 
     now: float
@@ -378,6 +381,7 @@ class WindowObservation:
     drained: Mapping[BudgetClass, float] | None = None
     answered: int = 0
     largest_accepted: Mapping[BudgetClass, float] | None = None
+    sized_by_inflight: bool = False
 
 
 @dataclass(frozen=True)

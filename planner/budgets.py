@@ -96,8 +96,9 @@ Rules, in the order ``step`` applies them:
    default 0, in a window in which the alias sent something) grows a
    budget by ``growth`` up to min(max_over_seed x seed (``stale_max_over_seed`` x a stale
    one), hard cap, recent 429 level x (1 - probe_margin)). The in-flight budget's use is the
-   peak held over the window, except where it sized the fleet while no rate budget was used
-   in full: then it counts as used in full (``planner.inflight_use``, applied by the caller).
+   peak held over the window, except where the provider states its limits and the budget
+   sized the fleet (``WindowObservation.sized_by_inflight``) while no rate budget was used in
+   full: then it counts as used in full (``planner.inflight_use``).
 7. A budget held at rule 6's ceiling over its seed by that ceiling alone (no header limit or
    recent 429 level below it), clean and used at least ``rebase_up_min_utilisation`` (a
    window's use with what earlier windows admitted above the whole budget carried over:
@@ -159,6 +160,7 @@ from planner.budget_state import (
     WindowObservation,
 )
 from planner.classify import LimitType
+from planner.inflight_use import inflight_use
 from planner.recount import recounted
 
 __all__ = [
@@ -416,6 +418,9 @@ def step(
     used: dict[BudgetClass, float] = {}  # clean and pressed against: evidence for rule 7
     utilisation = obs.utilisation
     if utilisation is not None:
+        utilisation = inflight_use(
+            utilisation, obs.sized_by_inflight, limits_stated=state.observed_at is not None
+        )
         state, utilisation = budget_moves.carried_use(state, utilisation, config)
     idle = utilisation is not None and not any(v > 0 for v in utilisation.values())
     if not frozen_in_window and not state.in_cooldown(now) and not idle:

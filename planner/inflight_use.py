@@ -49,7 +49,8 @@ def sized_by_inflight(binding: str | None, sized_by: str | None) -> bool:
 def inflight_use(
     utilisation: Mapping[BudgetClass, float],
     sized_by_inflight_budget: bool,
-    limits_stated: bool = True,
+    *,
+    limits_stated: bool,
 ) -> Mapping[BudgetClass, float]:
     """``utilisation`` with the in-flight class counted as used in full where the provider
     states its limits, the fleet was sized by the in-flight budget (the previous decision's,

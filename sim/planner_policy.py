@@ -36,7 +36,7 @@ from planner.curves import HarnessCurve
 from planner.decision import Decision, Quantity
 from planner.drain import LOOKBACK_S, drained_rate
 from planner.drain_belief import DrainEvidence, DrainSample, judged
-from planner.inflight_use import inflight_use, sized_by_inflight
+from planner.inflight_use import sized_by_inflight
 from planner.pacer import (
     HOLD_AFTER_429_S,
     PacerCore,
@@ -418,11 +418,6 @@ class PlannerPolicy:
         self._first_429_in_window = False
         usage = self.pacer.take_usage(now)
         last = self.decisions[-1] if self.decisions else None
-        utilisation = inflight_use(
-            usage.utilisation,
-            last is not None and sized_by_inflight(last.binding, last.sized_by),
-            limits_stated=self.state.observed_at is not None,
-        )
         # read only by the blame of a 429 that names no limit (as the planner tick reads it),
         # and first: a flip of the belief it makes puts what was delivered in new units
         drained = (
@@ -434,11 +429,12 @@ class PlannerPolicy:
             now=now,
             throttles=tuple(self._throttles),
             observed_limits=observed,
-            utilisation=utilisation,
+            utilisation=usage.utilisation,
             delivered=self._delivered(now) if self._throttles else None,
             drained=drained,
             answered=self._answered,
             largest_accepted=self._take_largest(),
+            sized_by_inflight=last is not None and sized_by_inflight(last.binding, last.sized_by),
         )
         self._throttles.clear()
         self._answered = 0

@@ -63,7 +63,7 @@ from planner.budgets import (
 from planner.classify import LimitType
 from planner.curves import DEFAULT_HARNESS, HarnessCurve
 from planner.decision import Binding, Quantity
-from planner.inflight_use import inflight_use, sized_by_inflight
+from planner.inflight_use import sized_by_inflight
 from planner.sizing import Counting, OverdriveConfig, SizingConfig, hold_overdrive, steady_state
 from tasks.ledger_io import engine
 from tasks.plan_counting import CountingEvidence, advance, judge_by_drain
@@ -398,17 +398,12 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             overloads=window.overloads,
             spend_errors=window.spend_errors,
             observed_limits=headers,
-            utilisation=dict(
-                inflight_use(
-                    utilisation,
-                    _sized_by_inflight(prior, previous),
-                    limits_stated=state.observed_at is not None,
-                )
-            ),
+            utilisation=utilisation,
             delivered=delivered,
             drained=drained,
             answered=window.answered,
             largest_accepted=window.largest_accepted(),
+            sized_by_inflight=_sized_by_inflight(prior, previous),
         )
         state, actions = step(state, obs, cfg)
         if counts != state.cached_input_counts:
