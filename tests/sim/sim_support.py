@@ -1,6 +1,6 @@
 """Helpers shared by the simulator's tests: the project root, a small parametric scenario
-document to vary, and the planner's result row under a given controller. Import with
-``from tests.sim.sim_support import ...``."""
+document to vary, and the planner's run (its policy and result row) under a given
+controller. Import with ``from tests.sim.sim_support import ...``."""
 
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ from sim.workload import build_workload
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def planner_row(scenario: Scenario, controller: ControllerConfig | None = None) -> dict[str, Any]:
-    """The planner's result row on ``scenario``, with ``controller`` (default: the shipped)."""
+def planner_run(
+    scenario: Scenario, controller: ControllerConfig | None = None
+) -> tuple[PlannerPolicy, dict[str, Any]]:
+    """The planner policy after a run on ``scenario`` (its decisions, recounts, state), with
+    ``controller`` (default: the shipped), and its result row."""
     workload = build_workload(scenario)
     spec, changes = limit_spec(scenario)
     provider = ProviderLimits(spec, changes)
@@ -29,7 +32,12 @@ def planner_row(scenario: Scenario, controller: ControllerConfig | None = None) 
         scenario, workload, lambda now: headers_now(style, provider, now), controller=controller
     )
     stats = Simulation(workload, policy, provider, style).run()
-    return summarise(stats, scenario, lower_bound(scenario, workload))
+    return policy, summarise(stats, scenario, lower_bound(scenario, workload))
+
+
+def planner_row(scenario: Scenario, controller: ControllerConfig | None = None) -> dict[str, Any]:
+    """The planner's result row on ``scenario``, with ``controller`` (default: the shipped)."""
+    return planner_run(scenario, controller)[1]
 
 
 def parametric(**over: Any) -> dict[str, Any]:

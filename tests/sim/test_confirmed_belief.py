@@ -3,14 +3,9 @@ under it (``planner.drain_belief``, ``DrainBeliefConfig.confirmed_samples``)."""
 
 from __future__ import annotations
 
-from sim.engine import Simulation
 from sim.generate import random_scenario
-from sim.limits import ProviderLimits
-from sim.metrics import limit_spec, lower_bound, summarise
-from sim.planner_policy import PlannerPolicy
-from sim.reveal import headers_now
 from sim.targets import MAX_RATIO
-from sim.workload import build_workload
+from tests.sim.sim_support import planner_run
 
 
 def test_a_token_limit_dropping_by_a_third_does_not_flip_a_confirmed_belief() -> None:
@@ -24,12 +19,7 @@ def test_a_token_limit_dropping_by_a_third_does_not_flip_a_confirmed_belief() ->
     assert scenario.provider.headers == "none"
     assert not scenario.provider.cached_input_counts
     assert not scenario.alias_config.cached_input_counts
-    workload = build_workload(scenario)
-    spec, changes = limit_spec(scenario)
-    provider = ProviderLimits(spec, changes)
-    policy = PlannerPolicy(scenario, workload, lambda now: headers_now("none", provider, now))
-    stats = Simulation(workload, policy, provider, "none").run()
-    row = summarise(stats, scenario, lower_bound(scenario, workload))
+    policy, row = planner_run(scenario)
     assert policy.recounted == []
     assert policy.counting.cached_input_counts is False
     assert row["ratio"] <= MAX_RATIO
