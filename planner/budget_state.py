@@ -316,10 +316,23 @@ class BudgetState:
 
     def level_cap(self, cls: BudgetClass, now: float, config: ControllerConfig) -> float | None:
         """How high growth may take the class for its last 429 level (None: no level
-        remembered): ``probe_margin`` below it."""
+        remembered): ``probe_margin`` below it; or, where the level is at or above a limit
+        the provider states (the class's hard cap), that limit itself.
+
+        A 429 drawn at or above a stated limit says no more than the statement does: the
+        pacer overdrew a bucket it had not been held to (OpenAI states its output limit only
+        in a 429's message, so the first such 429 comes to an alias with no output budget,
+        unpaced). Held ``probe_margin`` under the stated limit for the 429 memory, the
+        budget left 5% of that limit idle (wide-2574: a fixed fleet that stormed the limit
+        finished 7% sooner). A level under the stated limit is the pacer's own overdraw, and
+        growth stays ``probe_margin`` under it."""
         if not self.remembers_429_level(cls, now, config):
             return None
-        return self.last_429_level[cls] * (1.0 - config.probe_margin)
+        level = self.last_429_level[cls]
+        stated = self.hard_caps.get(cls)
+        if stated is not None and level >= stated:
+            return stated
+        return level * (1.0 - config.probe_margin)
 
     def earned_seed(self, cls: BudgetClass) -> float | None:
         """The class's seed as far as the provider proved it: the seed, or where rule 7

@@ -15,7 +15,8 @@ Rules, in the order ``step`` applies them:
    has none (it is a limit class the provider has); headers win over config (the seed becomes the header limit,
    ``seed_source="headers"``, ``seeded_at=now``). A limit stated for the first time (or changed)
    takes the budget up to it at once, not +5% per window from a low or stale seed — except
-   above ``(1 - probe_margin)`` x a level that drew a 429 within ``memory_s``; a limit stated
+   above ``(1 - probe_margin)`` x a level that drew a 429 within ``memory_s`` (a level at or
+   above the stated limit holds growth at that limit: ``BudgetState.level_cap``); a limit stated
    higher than before (by any header or 429 message: ``last_stated``) drops the class's 429
    memory (drawn under the old limit), and one stated lower drops the cuts below the old seed
    and the memory its re-probes doubled (they were the old limit's). A limit not

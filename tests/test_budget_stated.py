@@ -215,3 +215,31 @@ def test_a_429_that_states_a_dropped_limit_lets_the_budget_back_up_to_it() -> No
     # a 429 at the stated limit itself (no header lowered the budget) is remembered there
     s, _ = window(s, 700.0, LimitType.INPUT_TOKENS, observed_limits=halved)
     assert s.last_429_level[TOK] == pytest.approx(10_000.0)
+
+
+def test_a_429_drawn_at_or_above_a_limit_it_states_lets_growth_back_to_that_limit() -> None:
+    """wide-2574 and wide-2563 of sim.generate_wide: OpenAI states its output limit only in a
+    429's message, and the alias had no output budget, so the first 429 was drawn unpaced.
+    Remembered at the stated limit, it held growth 5% under that limit for the 429 memory:
+    the output budget sat at 0.95x a limit the provider had stated, and a fixed fleet that
+    stormed it finished 7% sooner. A 429 drawn at or above a stated limit says no more than
+    the statement: growth goes back to the limit itself. One drawn under it still holds growth
+    5% under its own level."""
+    headers = {LimitType.REQUESTS: 3_000.0, LimitType.TOKENS: 1_500_000.0}
+    stated = {**headers, LimitType.OUTPUT_TOKENS: 60_000.0}  # 1,000/s
+    s, _ = window(_openai_like(), 15.0, LimitType.OUTPUT_TOKENS, observed_limits=stated)
+    assert s.budgets.output_tokens_per_s == pytest.approx(1_000.0 * CFG.cut)
+    s, _ = _with_headers(s, 15.0, 600.0, headers)  # inside the 429 memory and the stated cap's
+    assert s.remembers_429_level(OUT, 600.0, CFG) and OUT in s.hard_caps
+    assert s.budgets.output_tokens_per_s == pytest.approx(1_000.0)
+    # under a limit the success headers state (Anthropic), a 429 at 900/s is our own overdraw
+    anthropic = {LimitType.INPUT_TOKENS: 1_200_000.0, LimitType.OUTPUT_TOKENS: 60_000.0}
+    seed = Budgets(calls_per_s=50, tokens_per_s=25_000, output_tokens_per_s=900.0,
+                   inflight_tokens=2e6)  # fmt: skip
+    s = initial_state(seed, 0.0, cached_input_counts=False, token_class="input")
+    s, _ = window(s, 15.0, observed_limits=anthropic)
+    s = replace(s, budgets=s.budgets.with_value(OUT, 900.0))
+    s, _ = window(s, 30.0, LimitType.OUTPUT_TOKENS, observed_limits=anthropic)
+    assert s.last_429_level[OUT] == pytest.approx(900.0)
+    s, _ = _with_headers(s, 30.0, 600.0, anthropic)
+    assert s.budgets.output_tokens_per_s == pytest.approx(900.0 * (1 - CFG.probe_margin))
