@@ -1,6 +1,6 @@
 """Helpers shared by the simulator's tests: the project root, a small parametric scenario
 document to vary, and the planner's run (its policy and result row) under a given
-controller. Import with ``from tests.sim.sim_support import ...``."""
+controller, or with its budgets recorded (``simulate_planner``). Import with ``from tests.sim.sim_support import ...``."""
 
 from __future__ import annotations
 
@@ -33,6 +33,49 @@ def planner_run(
     )
     stats = Simulation(workload, policy, provider, style).run()
     return policy, summarise(stats, scenario, lower_bound(scenario, workload))
+
+
+def simulate_planner(scenario: Scenario) -> tuple[PlannerPolicy, dict[str, Any]]:
+    """The planner's run on ``scenario`` (the shipped controller), its result row extended
+    with what the lesson tests read: ``budgets`` (the calls and token budgets after each
+    tick), ``late_429`` (429s after 900 s) and ``after_429`` (the token budget right after
+    each 429)."""
+    workload = build_workload(scenario)
+    spec, changes = limit_spec(scenario)
+    provider = ProviderLimits(spec, changes)
+    style = scenario.provider.headers
+    policy = PlannerPolicy(scenario, workload, lambda now: headers_now(style, provider, now))
+    budgets_seen: list[dict[str, float | None]] = []
+    tick = policy.tick
+    throttled: list[float] = []
+    on_response = policy.on_response
+
+    after_429: list[tuple[float, float]] = []  # (time, token budget) right after each 429
+
+    def recording_response(now: float, call: int, classification: Any) -> None:
+        if classification is not None:
+            throttled.append(now)
+        on_response(now, call, classification)
+        if classification is not None:
+            after_429.append((now, policy.state.budgets.tokens_per_s))
+
+    policy.on_response = recording_response  # type: ignore[method-assign]
+
+    def recording_tick(fleet: Any) -> int:
+        ceiling = tick(fleet)
+        b = policy.state.budgets
+        budgets_seen.append(
+            {"t": fleet.now, "calls": b.calls_per_s, "tokens": b.tokens_per_s, "cut": None}
+        )
+        return ceiling
+
+    policy.tick = recording_tick  # type: ignore[method-assign]
+    stats = Simulation(workload, policy, provider, style).run()
+    row = summarise(stats, scenario, lower_bound(scenario, workload))
+    row["budgets"] = budgets_seen
+    row["late_429"] = sum(1 for t in throttled if t > 900)
+    row["after_429"] = after_429
+    return policy, row
 
 
 def planner_row(scenario: Scenario, controller: ControllerConfig | None = None) -> dict[str, Any]:
