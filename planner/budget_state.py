@@ -124,7 +124,9 @@ class ControllerConfig:
     # re-probe confirms it (at most memory_s) [0, 86400]; 10 minutes until the thirty-second
     # round (docs/bench-planner.md): a wrong guess held the other limit idle for that long
     unchecked_memory_s: float = 300.0
-    probe_margin: float = 0.05  # growth stays this far below a recent 429 level [0, 0.5]
+    # growth stays this far below a recent 429 level [0, 0.5]; one drawn at or above a limit
+    # the provider states holds growth at that limit instead (level_cap)
+    probe_margin: float = 0.05
     rebase_cuts: int = 2  # cuts below the seed ... [1, 20]
     rebase_period_s: float = 1800.0  # ... within this period re-base the seed [0, 86400]
     # clean and used at 1.5x the seed this long: re-base up [60, 86400] (sooner when the
