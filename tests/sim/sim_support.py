@@ -1,9 +1,11 @@
 """Helpers shared by the simulator's tests: the project root, a small parametric scenario
 document to vary, and the planner's run (its policy and result row) under a given
-controller, or with its budgets recorded (``simulate_planner``). Import with ``from tests.sim.sim_support import ...``."""
+controller, or with its budgets recorded (``simulate_planner``). Import with
+``from tests.sim.sim_support import ...``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,12 @@ from sim.workload import build_workload
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def planner_run(
+def _planner_policy(
     scenario: Scenario, controller: ControllerConfig | None = None
-) -> tuple[PlannerPolicy, dict[str, Any]]:
-    """The planner policy after a run on ``scenario`` (its decisions, recounts, state), with
-    ``controller`` (default: the shipped), and its result row."""
+) -> tuple[PlannerPolicy, Callable[[], dict[str, Any]]]:
+    """The planner policy for a run on ``scenario`` with ``controller`` (default: the
+    shipped), and the call that runs it on a fresh provider and returns its result row (a
+    test that records wraps the policy's methods before that call)."""
     workload = build_workload(scenario)
     spec, changes = limit_spec(scenario)
     provider = ProviderLimits(spec, changes)
@@ -31,8 +34,21 @@ def planner_run(
     policy = PlannerPolicy(
         scenario, workload, lambda now: headers_now(style, provider, now), controller=controller
     )
-    stats = Simulation(workload, policy, provider, style).run()
-    return policy, summarise(stats, scenario, lower_bound(scenario, workload))
+
+    def run() -> dict[str, Any]:
+        stats = Simulation(workload, policy, provider, style).run()
+        return summarise(stats, scenario, lower_bound(scenario, workload))
+
+    return policy, run
+
+
+def planner_run(
+    scenario: Scenario, controller: ControllerConfig | None = None
+) -> tuple[PlannerPolicy, dict[str, Any]]:
+    """The planner policy after a run on ``scenario`` (its decisions, recounts, state), with
+    ``controller`` (default: the shipped), and its result row."""
+    policy, run = _planner_policy(scenario, controller)
+    return policy, run()
 
 
 def simulate_planner(scenario: Scenario) -> tuple[PlannerPolicy, dict[str, Any]]:
@@ -40,11 +56,7 @@ def simulate_planner(scenario: Scenario) -> tuple[PlannerPolicy, dict[str, Any]]
     with what the lesson tests read: ``budgets`` (the calls and token budgets after each
     tick), ``late_429`` (429s after 900 s) and ``after_429`` (the token budget right after
     each 429)."""
-    workload = build_workload(scenario)
-    spec, changes = limit_spec(scenario)
-    provider = ProviderLimits(spec, changes)
-    style = scenario.provider.headers
-    policy = PlannerPolicy(scenario, workload, lambda now: headers_now(style, provider, now))
+    policy, run = _planner_policy(scenario)
     budgets_seen: list[dict[str, float | None]] = []
     tick = policy.tick
     throttled: list[float] = []
@@ -70,8 +82,7 @@ def simulate_planner(scenario: Scenario) -> tuple[PlannerPolicy, dict[str, Any]]
         return ceiling
 
     policy.tick = recording_tick  # type: ignore[method-assign]
-    stats = Simulation(workload, policy, provider, style).run()
-    row = summarise(stats, scenario, lower_bound(scenario, workload))
+    row = run()
     row["budgets"] = budgets_seen
     row["late_429"] = sum(1 for t in throttled if t > 900)
     row["after_429"] = after_429
