@@ -290,15 +290,23 @@ def _fed_by(previous: pacer_state.PreviousDecision) -> bool:
     )
 
 
+def _of_previous_tick(
+    prior: _Prior, previous: pacer_state.PreviousDecision | None
+) -> pacer_state.PreviousDecision | None:
+    """The stored decision when the previous tick wrote it (None otherwise): a decision of an
+    earlier tick says nothing of this window."""
+    if previous is None or prior.tick_at is None:
+        return None
+    if abs((previous.tick_at - prior.tick_at).total_seconds()) > 1.0:
+        return None
+    return previous
+
+
 def _sized_by_inflight(prior: _Prior, previous: pacer_state.PreviousDecision | None) -> bool:
     """The previous tick's decision sized the fleet by the in-flight budget
-    (``planner.inflight_use``); a decision of an earlier tick says nothing of this window."""
-    return (
-        previous is not None
-        and prior.tick_at is not None
-        and abs((previous.tick_at - prior.tick_at).total_seconds()) <= 1.0
-        and sized_by_inflight(previous.binding, previous.sized_by)
-    )
+    (``planner.inflight_use``)."""
+    last = _of_previous_tick(prior, previous)
+    return last is not None and sized_by_inflight(last.binding, last.sized_by)
 
 
 def held_overdrive(
@@ -311,17 +319,16 @@ def held_overdrive(
     config: OverdriveConfig | None = None,
 ) -> float:
     """The saturation controller's multiplier after this window (see the module docstring)."""
+    last = _of_previous_tick(prior, previous)
     if (
-        previous is None
-        or prior.tick_at is None
-        or not _fed_by(previous)
-        or previous.saturating not in _BUDGET_CLASS
-        or abs((previous.tick_at - prior.tick_at).total_seconds()) > 1.0
+        last is None
+        or not _fed_by(last)
+        or last.saturating not in _BUDGET_CLASS
         or state.in_cooldown(now.timestamp())
         or (now - prior.busy_since).total_seconds() < warmup_s
     ):
         return prior.overdrive
-    util = utilisation.get(_BUDGET_CLASS[str(previous.saturating)])
+    util = utilisation.get(_BUDGET_CLASS[str(last.saturating)])
     if util is None:
         return prior.overdrive
     return hold_overdrive(prior.overdrive, util, config or OverdriveConfig())
