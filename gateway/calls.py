@@ -206,6 +206,7 @@ class CallBook:
             return
         limited = limit_type not in (LimitType.NONE, LimitType.OVERLOAD)
         now = datetime.now(UTC)
+        sent_at = now - timedelta(seconds=max(0.0, latency_s))
         self._recorder.observe(
             Observation(
                 alias=call.alias.name,
@@ -223,9 +224,15 @@ class CallBook:
                 last_limit_type=limit_type.value if limited else None,
                 last_limited_at=now if limited else None,
                 complete_before=self.complete_before(call.alias.name, now),
-                answered_sent_at=now - timedelta(seconds=max(0.0, latency_s)),
+                answered_sent_at=sent_at,
                 throttle_limits=(
                     {str(k): float(v) for k, v in limits.items()} if limited and limits else {}
                 ),
+                throttle_remaining=(
+                    {str(k): float(v) for k, v in remaining.items()}
+                    if limited and remaining
+                    else {}
+                ),
+                throttle_sent_at=sent_at if limited else None,
             )
         )

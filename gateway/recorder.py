@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import insert
@@ -26,6 +26,7 @@ from ledger.models import (
     ANSWERED_SENT_AT_KEY,
     COMPLETE_BEFORE_KEY,
     THROTTLE_LIMITS_KEY,
+    THROTTLE_READING_KEY,
     AliasObservation,
     LlmCall,
 )
@@ -48,6 +49,10 @@ class Observation:
     # the limits (per minute, by limit type) the last 429 stated, from its headers and message:
     # a limit only a 429's message states (OpenAI's output-token limit) is in no later header
     throttle_limits: dict[str, float] = field(default_factory=dict)
+    # what the last 429 stated was left of each bucket, and when its attempt was sent: a token
+    # 429's bucket is empty, which tells what the provider charged (tasks.plan_counting)
+    throttle_remaining: dict[str, float] = field(default_factory=dict)
+    throttle_sent_at: datetime | None = None
     # every call of the alias requested before this had been answered (its row recorded before
     # this observation): a span of sent calls that ends by then is complete (tasks.plan_counting)
     complete_before: datetime | None = None
@@ -67,28 +72,58 @@ def parsed_limits(obs: Observation) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _Throttle:
-    """An alias's last 429: its type, time and stated limits (sticky until the next one)."""
+    """An alias's last 429: its type, time, stated limits and remaining, and when its attempt
+    was sent (sticky until the next one)."""
 
     limit_type: str | None
     limited_at: datetime | None
     limits: dict[str, float]
+    remaining: dict[str, float] = field(default_factory=dict)
+    sent_at: datetime | None = None
+
+    @classmethod
+    def of(cls, obs: Observation) -> _Throttle:
+        return cls(
+            obs.last_limit_type,
+            obs.last_limited_at,
+            dict(obs.throttle_limits),
+            dict(obs.throttle_remaining),
+            obs.throttle_sent_at,
+        )
 
     @classmethod
     def stored(cls, row: AliasObservation | None) -> _Throttle:
         """From ``alias_observations`` (none yet: no 429 seen)."""
         if row is None:
             return cls(None, None, {})
-        raw = row.limits.get(THROTTLE_LIMITS_KEY) if isinstance(row.limits, dict) else None
-        limits = {
-            str(k): float(v)
-            for k, v in (raw.items() if isinstance(raw, dict) else ())
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
-        return cls(row.last_limit_type, row.last_limited_at, limits)
+        stored = row.limits if isinstance(row.limits, dict) else {}
+        reading = stored.get(THROTTLE_READING_KEY)
+        reading = reading if isinstance(reading, dict) else {}
+        sent_at = _number(reading.get("sent_at"))
+        return cls(
+            row.last_limit_type,
+            row.last_limited_at,
+            _numbers(stored.get(THROTTLE_LIMITS_KEY)),
+            _numbers(reading.get("remaining")),
+            None if sent_at is None else datetime.fromtimestamp(sent_at, tz=UTC),
+        )
 
     def carry_into(self, obs: Observation) -> None:
         obs.last_limit_type, obs.last_limited_at = self.limit_type, self.limited_at
         obs.throttle_limits = dict(self.limits)
+        obs.throttle_remaining = dict(self.remaining)
+        obs.throttle_sent_at = self.sent_at
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _numbers(raw: object) -> dict[str, float]:
+    """The numeric entries of a stored JSON object (anything else: none)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): v for k, value in raw.items() if (v := _number(value)) is not None}
 
 
 @dataclass
@@ -118,9 +153,7 @@ class CallRecorder:
         """Keep the alias's latest headers; a 429's limit type and stated limits stick until the
         next 429, across flushes and gateway restarts (``_write`` reads the ledger's once)."""
         if obs.last_limit_type is not None:
-            self._throttles[obs.alias] = _Throttle(
-                obs.last_limit_type, obs.last_limited_at, dict(obs.throttle_limits)
-            )
+            self._throttles[obs.alias] = _Throttle.of(obs)
         elif (last := self._throttles.get(obs.alias)) is not None:
             last.carry_into(obs)
         self._observations[obs.alias] = obs
@@ -164,6 +197,11 @@ class CallRecorder:
                 limits = dict(obs.limits or parsed_limits(obs))
                 if obs.throttle_limits:
                     limits[THROTTLE_LIMITS_KEY] = obs.throttle_limits
+                if obs.throttle_remaining and obs.throttle_sent_at is not None:
+                    limits[THROTTLE_READING_KEY] = {
+                        "sent_at": obs.throttle_sent_at.timestamp(),
+                        "remaining": obs.throttle_remaining,
+                    }
                 if obs.complete_before is not None:
                     limits[COMPLETE_BEFORE_KEY] = obs.complete_before.timestamp()
                 if obs.answered_sent_at is not None:

@@ -10,6 +10,10 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
   reads.
 * ``calls_sent_between``: the same calls one by one, with when each was sent upstream (its
   request plus its pacer wait), for the dip of a reading (``planner.cache_counting.dip_window``).
+* ``throttled_bucket``: the last token 429's reading of the counted token bucket (empty, at the
+  429), sticky until the next 429.
+* ``retried_between``: whether a served retry was requested in a span (its last attempt went out
+  at a time the ledger does not keep).
 * ``longest_recent_wait``: the longest time from a call's request to its answer (pacer wait plus
   latency) over a recent look-back: how long a span waits for its calls when the gateway's
   observation does not say (one written by an older gateway).
@@ -26,6 +30,8 @@ from ledger.models import (
     ANSWERED_SENT_AT_KEY,
     COMPLETE_BEFORE_KEY,
     SERVED_STATUSES,
+    THROTTLE_LIMITS_KEY,
+    THROTTLE_READING_KEY,
     AliasObservation,
     LlmCall,
 )
@@ -34,7 +40,17 @@ from planner.budget_state import BudgetClass, TokenClass
 from planner.budgets import header_classes
 from planner.cache_counting import BucketReading
 
-__all__ = ["calls_sent_between", "counted_bucket", "longest_recent_wait", "sent_between"]
+__all__ = [
+    "calls_sent_between",
+    "counted_bucket",
+    "longest_recent_wait",
+    "retried_between",
+    "sent_between",
+    "throttled_bucket",
+]
+
+# the 429s whose stated remaining is the counted token class's bucket
+_TOKEN_THROTTLES = ("tokens", "input_tokens")
 
 
 def counted_bucket(
@@ -65,6 +81,57 @@ def counted_bucket(
         return None, complete
     through = None if sent_at is None else min(sent_at, observed_at)
     return BucketReading(observed_at, limit / 60.0, remaining, through), complete
+
+
+def throttled_bucket(conn: Connection, alias: str, token_class: TokenClass) -> BucketReading | None:
+    """The last 429 of ``alias``'s counted token class, as a reading of that bucket: its stated
+    limit and remaining, at the 429, charged through the send of its attempt (None: the last 429
+    was of another limit, or stated no bucket of that class, or predates the gateway keeping
+    it)."""
+    row = conn.execute(
+        select(
+            AliasObservation.last_limit_type,
+            AliasObservation.last_limited_at,
+            AliasObservation.limits,
+        ).where(AliasObservation.alias == alias)
+    ).first()
+    if row is None or row[0] not in _TOKEN_THROTTLES or row[1] is None:
+        return None
+    stored = row[2] if isinstance(row[2], dict) else {}
+    reading = stored.get(THROTTLE_READING_KEY)
+    if not isinstance(reading, dict):
+        return None
+    sent_at = _epoch(reading.get("sent_at"))
+    limits = header_classes(
+        stated_limits(stored.get(THROTTLE_LIMITS_KEY)),
+        token_class=token_class,
+        has_output_budget=False,
+    )
+    left = header_classes(
+        stated_remaining(reading.get("remaining")), token_class=token_class, has_output_budget=False
+    )
+    limit, remaining = limits.get(BudgetClass.TOKENS), left.get(BudgetClass.TOKENS)
+    if limit is None or remaining is None or sent_at is None:
+        return None
+    at = as_utc(row[1]).timestamp()
+    return BucketReading(at, limit / 60.0, remaining, min(sent_at, at))
+
+
+def retried_between(conn: Connection, alias: str, start: datetime, end: datetime) -> bool:
+    """Whether a served retry of ``alias`` was requested in [start, end): its last attempt went
+    out after waits the ledger does not keep, so when it was charged is unknown."""
+    found = conn.execute(
+        select(LlmCall.id)
+        .where(
+            LlmCall.alias == alias,
+            LlmCall.status.in_(SERVED_STATUSES),
+            LlmCall.retry.is_(True),
+            LlmCall.requested_at >= start,
+            LlmCall.requested_at < end,
+        )
+        .limit(1)
+    ).first()
+    return found is not None
 
 
 def _epoch(value: object) -> float | None:

@@ -293,6 +293,13 @@ THROTTLE_LIMITS_KEY = "throttle_limits"
 """Key of ``AliasObservation.limits`` holding the limits the last 429 stated (kept by the
 gateway's recorder until the next 429, read by ``ledger.pacer_window.fresh_header_limits``)."""
 
+THROTTLE_READING_KEY = "throttle_reading"
+"""Key of ``AliasObservation.limits`` holding what the last 429 stated was left of the
+provider's buckets (``remaining``, by limit type) and when its attempt was sent (``sent_at``,
+epoch seconds): kept by the gateway's recorder until the next 429, read by
+``ledger.charges.throttled_bucket`` (a token 429's drained bucket against the cache-counting
+belief, ``tasks.plan_counting``)."""
+
 COMPLETE_BEFORE_KEY = "complete_before"
 """Key of ``AliasObservation.limits`` holding the epoch seconds before which every call of the
 alias the gateway saw requested had been answered and recorded when it made the observation

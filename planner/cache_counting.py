@@ -35,6 +35,13 @@ at the stated limit in counted units, a run at a third of the provider's speed w
 correct it). Such a dip needs no volume, only an excess that is a clear share of the bucket, and
 is taken as evidence when ``min_dips`` readings say it.
 
+A 429 of the counted class states its bucket empty at the moment its attempt arrived. With a
+reading of the same limit shortly before (``throttle_window``), what the calls sent between them
+were charged follows at once, at the first 429 of a storm, not a span's close later: a provider
+that counts the cache reads the pacer does not charge empties its bucket with the uncached part
+a fraction of it. Only calls whose send is known count (a retry's last attempt went out after
+waits the ledger does not keep: ``tasks.plan_counting`` judges no 429 near one).
+
 What was sent in a span is known only once its calls have been answered (the gateway records a
 call at its response). A span closed while calls sent in it were still in flight under-states
 what was sent, and the provider seems to have charged more than the base: "cache reads count",
@@ -61,6 +68,7 @@ __all__ = [
     "dip_window",
     "infer_cached_input_counts",
     "span_close_lag_s",
+    "throttle_window",
 ]
 
 LATENCY_LOOKBACK_S = 600.0  # the latencies that set a span's closing lag: answered this recently
@@ -180,6 +188,25 @@ class CountingConfig:
                 problems.append(f"{name}: must be within [{lo}, {hi}], got {value!r}")
         if problems:
             raise ConfigError("cache-counting config", problems)
+
+
+def throttle_window(
+    start: BucketReading, throttled: BucketReading, sent: Sequence[tuple[float, float, float]]
+) -> ChargeWindow | None:
+    """The span from ``start`` to a 429's reading of the same bucket (``throttled``: charged
+    through its attempt's send, when the bucket was found short). ``sent``: (sent at, base,
+    cache reads) of the accepted calls, over any look-back. Both ends err towards "cache reads
+    do not count": the span starts at ``start.at`` (its bucket as late as it can have been
+    read: the least refill) and takes every call sent from ``start.charged_through`` on (some
+    may already be in its remaining). None when the limits differ or the 429 is not after it."""
+    end = throttled.at if throttled.charged_through is None else throttled.charged_through
+    if start.limit_per_s != throttled.limit_per_s or start.limit_per_s <= 0 or end <= start.at:
+        return None
+    first = start.at if start.charged_through is None else start.charged_through
+    inside = [(b, c) for at, b, c in sent if first <= at < end]
+    return ChargeWindow.between(
+        start, end, throttled.remaining, sum(b for b, _ in inside), sum(c for _, c in inside)
+    )
 
 
 def dip_window(

@@ -20,6 +20,13 @@ blame reads drained rates (a 429 that names no limit), how fast each bucket was 
 tokens counted both ways, and flips the belief where those samples contradict it
 (``planner.drain_belief``), the token budget going to the limit they measured.
 
+A 429 of the counted class is judged too, once every call sent before it has been recorded:
+against the reading a tick took at most ``THROTTLE_SPAN_S`` before it
+(``planner.cache_counting.throttle_window``), where the belief is that cache reads do not count
+(that is the storm it ends) and no served retry was requested within ``RETRY_LOOKBACK_S`` before
+it (a retry's last attempt went out at a time the ledger does not keep). Each 429 is judged once
+(``CountingEvidence.throttle_judged_at``).
+
 The evidence is kept with the stored state (``pacer_states.state["counting"]``) as JSON.
 """
 
@@ -32,7 +39,14 @@ from typing import Any
 from sqlalchemy import Connection
 
 from evalfleet.errors import ConfigError
-from ledger.charges import calls_sent_between, counted_bucket, longest_recent_wait, sent_between
+from ledger.charges import (
+    calls_sent_between,
+    counted_bucket,
+    longest_recent_wait,
+    retried_between,
+    sent_between,
+    throttled_bucket,
+)
 from planner.budget_state import BudgetClass, TokenClass
 from planner.cache_counting import (
     LATENCY_LOOKBACK_S,
@@ -42,6 +56,7 @@ from planner.cache_counting import (
     dip_window,
     infer_cached_input_counts,
     span_close_lag_s,
+    throttle_window,
 )
 from planner.drain_belief import DrainEvidence, DrainSample, judged
 
@@ -52,6 +67,11 @@ KEEP = 8  # spans kept as evidence
 # a call that waited longer in the pacer is left out, which only under-states what was sent)
 DIP_LOOKBACK_S = 15.0
 _ANCHORS = 16  # anchors kept while a span is open
+# a 429 is judged against a tick's reading at most this long before it: over a longer span the
+# refill a bucket below capacity lost is unknown, and the bound says less
+THROTTLE_SPAN_S = 30.0
+# no 429 is judged with a served retry requested this long before it (or since)
+RETRY_LOOKBACK_S = LATENCY_LOOKBACK_S
 
 _WINDOW_FIELDS = (
     "span_s",
@@ -75,6 +95,7 @@ class CountingEvidence:
     drained: tuple[DrainSample, ...] = ()
     dips: tuple[ChargeWindow, ...] = ()
     drained_confirmed: bool = False  # the drained samples once confirmed the belief
+    throttle_judged_at: float | None = None  # the last 429 judged (epoch seconds of its reading)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +108,7 @@ class CountingEvidence:
             "drained": [[d.believed, d.other, d.requests, d.output] for d in self.drained],
             "dips": [[getattr(w, f) for f in _WINDOW_FIELDS] for w in self.dips],
             "drained_confirmed": self.drained_confirmed,
+            "throttle_judged_at": self.throttle_judged_at,
         }
 
     @classmethod
@@ -129,9 +151,19 @@ class CountingEvidence:
         confirmed = raw.get("drained_confirmed", False)
         if not isinstance(confirmed, bool):
             problems.append("counting.drained_confirmed: must be true or false")
+        judged_at = raw.get("throttle_judged_at")
+        if judged_at is not None and not _numbers([judged_at], 1):
+            problems.append("counting.throttle_judged_at: must be a number or null")
         if problems:
             raise ConfigError(source, problems)
-        return cls(tuple(anchors), tuple(windows), tuple(drained), tuple(dips), confirmed)
+        return cls(
+            tuple(anchors),
+            tuple(windows),
+            tuple(drained),
+            tuple(dips),
+            confirmed,
+            None if judged_at is None else float(judged_at),
+        )
 
 
 def _numbers(item: Any, n: int) -> bool:
@@ -159,7 +191,16 @@ def advance(
     reading, complete = counted_bucket(conn, alias, token_class)
     if reading is not None and (not anchors or reading.at > anchors[-1].at):
         anchors.append(reading)
-    horizon: float | None = None  # read once, and only when a span could close
+    horizon: float | None = None  # read once, and only when a span or a 429 could close
+    judged_at = evidence.throttle_judged_at
+    throttled = None if believed else throttled_bucket(conn, alias, token_class)
+    if throttled is not None and (judged_at is None or throttled.at > judged_at):
+        horizon = _complete_horizon(conn, alias, complete, now)
+        if _sent_at(throttled) <= horizon:
+            judged_at = throttled.at
+            window = _throttle_window(conn, alias, anchors, throttled, token_class)
+            if window is not None and infer_cached_input_counts([window], believed):
+                return CountingEvidence(tuple(anchors[-1:]), throttle_judged_at=judged_at), True
     while len(anchors) >= 2:
         start = anchors[0]
         end = next((a for a in anchors[1:] if a.at - start.at >= SPAN_S), None)
@@ -191,9 +232,10 @@ def advance(
             evidence.drained,
             tuple(dips),
             evidence.drained_confirmed,
+            judged_at,
         )
         return evidence, counts
-    return CountingEvidence(tuple(anchors[-1:])), counts
+    return CountingEvidence(tuple(anchors[-1:]), throttle_judged_at=judged_at), counts
 
 
 def judge_by_drain(
@@ -217,6 +259,37 @@ def judge_by_drain(
         counts,
         measured,
     )
+
+
+def _sent_at(reading: BucketReading) -> float:
+    return reading.at if reading.charged_through is None else reading.charged_through
+
+
+def _throttle_window(
+    conn: Connection,
+    alias: str,
+    anchors: list[BucketReading],
+    throttled: BucketReading,
+    token_class: TokenClass,
+) -> ChargeWindow | None:
+    """The span from the earliest reading within ``THROTTLE_SPAN_S`` before the 429 to it, with
+    the calls sent in it; None without such a reading, or near a served retry."""
+    end = _sent_at(throttled)
+    start = next(
+        (
+            a
+            for a in anchors
+            if end - THROTTLE_SPAN_S <= a.at < end and a.limit_per_s == throttled.limit_per_s
+        ),
+        None,
+    )
+    if start is None:
+        return None
+    first = _sent_at(start)
+    if retried_between(conn, alias, _utc(first - RETRY_LOOKBACK_S), _utc(end)):
+        return None
+    sent = calls_sent_between(conn, alias, _utc(first - RETRY_LOOKBACK_S), _utc(end), token_class)
+    return throttle_window(start, throttled, sent)
 
 
 def _complete_horizon(conn: Connection, alias: str, stated: float | None, now: datetime) -> float:

@@ -1,0 +1,206 @@
+"""The planner tick reads a token 429's empty bucket against the cache-counting belief, on a real
+PostgreSQL ledger: the gateway keeps the 429's stated remaining and when its attempt was sent
+through later successes, and the tick compares what was sent since its last reading with what
+must have been charged to empty the bucket (``planner.cache_counting.throttle_window``).
+The ledger fixtures and helpers are shared through ``plan_tick_support``."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, delete, insert
+from sqlalchemy.orm import sessionmaker
+
+from ledger import pacer_state
+from ledger.models import (
+    ANSWERED_SENT_AT_KEY,
+    COMPLETE_BEFORE_KEY,
+    THROTTLE_LIMITS_KEY,
+    THROTTLE_READING_KEY,
+    AliasObservation,
+    LlmCall,
+)
+from tasks import plan
+from tests import plan_tick_support
+from tests.plan_tick_support import T0, add_run
+
+pytestmark = pytest.mark.postgres
+
+plan_db = plan_tick_support.plan_db
+plan_ledger = plan_tick_support.plan_ledger
+
+ALIAS = "sim-anthropic"  # believes cache reads do not count
+LIMIT = 1_620_000.0  # input tokens per minute: 27k/s
+
+
+def _observe(eng: Engine, values: dict[str, Any]) -> None:
+    with eng.begin() as conn:
+        conn.execute(delete(AliasObservation).where(AliasObservation.alias == ALIAS))
+        conn.execute(insert(AliasObservation).values(alias=ALIAS, **values))
+
+
+def _full_bucket(eng: Engine, at: datetime) -> None:
+    """A success's headers at ``at``: the bucket full, its attempt sent a second before."""
+    limits = {
+        "limits": {"input_tokens": LIMIT},
+        "remaining": {"input_tokens": LIMIT},
+        ANSWERED_SENT_AT_KEY: (at - timedelta(seconds=1)).timestamp(),
+        COMPLETE_BEFORE_KEY: at.timestamp(),
+    }
+    _observe(eng, {"observed_at": at, "status": 200, "headers": {}, "limits": limits})
+
+
+def _throttled(eng: Engine, sent: datetime, complete_before: datetime) -> None:
+    """A 429 of the input-token limit whose attempt was sent at ``sent``: the bucket empty."""
+    at = sent + timedelta(seconds=0.5)
+    limits = {
+        "limits": {"input_tokens": LIMIT},
+        "remaining": {"input_tokens": 0.0},
+        THROTTLE_LIMITS_KEY: {"input_tokens": LIMIT},
+        THROTTLE_READING_KEY: {"sent_at": sent.timestamp(), "remaining": {"input_tokens": 0.0}},
+        COMPLETE_BEFORE_KEY: complete_before.timestamp(),
+    }
+    _observe(
+        eng,
+        {
+            "observed_at": at,
+            "status": 429,
+            "headers": {},
+            "limits": limits,
+            "last_limit_type": "input_tokens",
+            "last_limited_at": at,
+        },
+    )
+
+
+def _send(
+    eng: Engine, at: datetime, n: int, uncached: int, cached: int, retry: bool = False
+) -> None:
+    with eng.begin() as conn:
+        conn.execute(
+            insert(LlmCall),
+            [
+                {
+                    "alias": ALIAS,
+                    "requested_at": at,
+                    "input_tokens": uncached + cached,
+                    "cached_input_tokens": cached,
+                    "output_tokens": 100,
+                    "status": 200,
+                    "latency_s": 1.0,
+                    "retry": retry,
+                }
+                for _ in range(n)
+            ],
+        )
+
+
+def _belief(eng: Engine) -> tuple[bool, dict[str, Any] | None]:
+    with eng.connect() as conn:
+        row = pacer_state.load_state(conn, ALIAS)
+    assert row is not None
+    return row.state.cached_input_counts, row.counting
+
+
+@pytest.mark.parametrize("provider_counts", [True, False])
+def test_a_token_429_says_at_once_whether_the_provider_counted_the_cache_reads(
+    plan_ledger: Engine, provider_counts: bool
+) -> None:
+    """A full bucket (1.62M) read at a tick, then 12 s of calls, then a 429 that finds it empty:
+    the provider charged at least 1.62M + 12 s x 27k = 1.944M. 39 calls of 5k uncached and 45k
+    cached tokens explain it only with the cache reads counted; 390 calls of 5k uncached (and
+    a few cached) explain it without them. The tick after the 429 flips the first belief and
+    keeps the second, with no span closed."""
+    add_run(plan_ledger, running=5, queued=30, alias=ALIAS)
+    _full_bucket(plan_ledger, T0 - timedelta(seconds=1))
+    plan.plan_tick(T0, False)
+    assert _belief(plan_ledger)[0] is False
+    n, cached = (39, 45_000) if provider_counts else (390, 500)
+    _send(plan_ledger, T0 + timedelta(seconds=1), n, 5_000, cached)
+    _throttled(plan_ledger, T0 + timedelta(seconds=12), complete_before=T0 + timedelta(seconds=13))
+    plan.plan_tick(T0 + timedelta(seconds=15), False)
+    counts, counting = _belief(plan_ledger)
+    assert counts is provider_counts
+    assert counting is not None and counting["throttle_judged_at"] is not None
+    assert not counting["windows"], "no span had closed: the 429 alone said it"
+
+
+def test_a_429_is_judged_only_once_every_call_sent_before_it_is_recorded(
+    plan_ledger: Engine,
+) -> None:
+    """Calls still in flight at the 429 are not in the ledger yet: what was sent would be
+    under-stated, and reads as "cache reads count". The tick waits for the gateway's word."""
+    add_run(plan_ledger, running=5, queued=30, alias=ALIAS)
+    _full_bucket(plan_ledger, T0 - timedelta(seconds=1))
+    plan.plan_tick(T0, False)
+    _send(plan_ledger, T0 + timedelta(seconds=1), 39, 5_000, 45_000)
+    sent = T0 + timedelta(seconds=12)
+    _throttled(plan_ledger, sent, complete_before=T0 + timedelta(seconds=5))
+    plan.plan_tick(T0 + timedelta(seconds=15), False)
+    counts, counting = _belief(plan_ledger)
+    assert counts is False and counting is not None and counting["throttle_judged_at"] is None
+    _throttled(plan_ledger, sent, complete_before=T0 + timedelta(seconds=20))
+    plan.plan_tick(T0 + timedelta(seconds=30), False)
+    assert _belief(plan_ledger)[0] is True
+
+
+def test_a_429_near_a_served_retry_says_nothing(plan_ledger: Engine) -> None:
+    """A retry's last attempt went out after waits the ledger does not keep: the span may hold
+    it or not, so the 429 is not judged (and not again at later ticks)."""
+    add_run(plan_ledger, running=5, queued=30, alias=ALIAS)
+    _full_bucket(plan_ledger, T0 - timedelta(seconds=1))
+    plan.plan_tick(T0, False)
+    _send(plan_ledger, T0 + timedelta(seconds=1), 39, 5_000, 45_000)
+    _send(plan_ledger, T0 - timedelta(seconds=100), 1, 5_000, 45_000, retry=True)
+    _throttled(plan_ledger, T0 + timedelta(seconds=12), complete_before=T0 + timedelta(seconds=13))
+    plan.plan_tick(T0 + timedelta(seconds=15), False)
+    counts, counting = _belief(plan_ledger)
+    assert counts is False and counting is not None
+    assert counting["throttle_judged_at"] is not None
+    plan.plan_tick(T0 + timedelta(seconds=30), False)
+    assert _belief(plan_ledger)[0] is False
+
+
+def test_the_gateway_keeps_a_429s_empty_bucket_through_later_successes(plan_ledger: Engine) -> None:
+    from gateway.recorder import CallRecorder, Observation
+    from ledger.charges import throttled_bucket
+
+    recorder = CallRecorder(sessionmaker(plan_ledger))
+    sent = T0 - timedelta(seconds=8)
+    limited_at = T0 - timedelta(seconds=7)
+    recorder.observe(
+        Observation(
+            alias=ALIAS,
+            observed_at=limited_at,
+            status=429,
+            headers={},
+            limits={"limits": {"input_tokens": LIMIT}, "remaining": {"input_tokens": 0.0}},
+            last_limit_type="input_tokens",
+            last_limited_at=limited_at,
+            throttle_limits={"input_tokens": LIMIT},
+            throttle_remaining={"input_tokens": 0.0},
+            throttle_sent_at=sent,
+        )
+    )
+    asyncio.run(recorder.flush())
+    success = Observation(
+        alias=ALIAS,
+        observed_at=T0,
+        status=200,
+        headers={},
+        limits={"limits": {"input_tokens": LIMIT}, "remaining": {"input_tokens": 900_000.0}},
+    )
+    recorder.observe(success)
+    asyncio.run(recorder.flush())
+    restarted = CallRecorder(sessionmaker(plan_ledger))  # a 429 before a restart sticks too
+    restarted.observe(success)
+    asyncio.run(restarted.flush())
+    with plan_ledger.connect() as conn:
+        reading = throttled_bucket(conn, ALIAS, "input")
+        combined = throttled_bucket(conn, ALIAS, "combined")
+    assert reading is not None and combined is None  # an input-token 429 is no combined bucket
+    assert reading.at == limited_at.timestamp() and reading.remaining == 0.0
+    assert reading.limit_per_s == LIMIT / 60.0 and reading.charged_through == sent.timestamp()
