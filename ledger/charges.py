@@ -12,8 +12,8 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
   request plus its pacer wait), for the dip of a reading (``planner.cache_counting.dip_window``).
 * ``throttled_bucket``: the last token 429's reading of the counted token bucket (empty, at the
   429), sticky until the next 429.
-* ``retried_between``: whether a served retry was requested in a span (its last attempt went out
-  at a time the ledger does not keep).
+* ``retries_sent_between``: the tokens of the served retries requested in a span (their last
+  attempts went out at times the ledger does not keep).
 * ``longest_recent_wait``: the longest time from a call's request to its answer (pacer wait plus
   latency) over a recent look-back: how long a span waits for its calls when the gateway's
   observation does not say (one written by an older gateway).
@@ -44,7 +44,7 @@ __all__ = [
     "calls_sent_between",
     "counted_bucket",
     "longest_recent_wait",
-    "retried_between",
+    "retries_sent_between",
     "sent_between",
     "throttled_bucket",
 ]
@@ -117,21 +117,27 @@ def throttled_bucket(conn: Connection, alias: str, token_class: TokenClass) -> B
     return BucketReading(at, limit / 60.0, remaining, min(sent_at, at))
 
 
-def retried_between(conn: Connection, alias: str, start: datetime, end: datetime) -> bool:
-    """Whether a served retry of ``alias`` was requested in [start, end): its last attempt went
-    out after waits the ledger does not keep, so when it was charged is unknown."""
-    found = conn.execute(
-        select(LlmCall.id)
-        .where(
+def retries_sent_between(
+    conn: Connection, alias: str, start: datetime, end: datetime, token_class: TokenClass
+) -> tuple[float, float]:
+    """(base, cache reads) of the served retries of ``alias`` requested in [start, end): their
+    last attempts went out after waits the ledger does not keep, at times unknown."""
+    base = LlmCall.input_tokens - LlmCall.cached_input_tokens
+    if token_class == "combined":
+        base = base + LlmCall.output_tokens
+    row = conn.execute(
+        select(
+            func.coalesce(func.sum(base), 0),
+            func.coalesce(func.sum(LlmCall.cached_input_tokens), 0),
+        ).where(
             LlmCall.alias == alias,
             LlmCall.status.in_(SERVED_STATUSES),
             LlmCall.retry.is_(True),
             LlmCall.requested_at >= start,
             LlmCall.requested_at < end,
         )
-        .limit(1)
-    ).first()
-    return found is not None
+    ).one()
+    return float(row[0]), float(row[1])
 
 
 def _epoch(value: object) -> float | None:

@@ -39,8 +39,10 @@ A 429 of the counted class states its bucket empty at the moment its attempt arr
 reading of the same limit shortly before (``throttle_window``), what the calls sent between them
 were charged follows at once, at the first 429 of a storm, not a span's close later: a provider
 that counts the cache reads the pacer does not charge empties its bucket with the uncached part
-a fraction of it. Only calls whose send is known count (a retry's last attempt went out after
-waits the ledger does not keep: ``tasks.plan_counting`` judges no 429 near one).
+a fraction of it. A call whose send is not known (a retry's last attempt went out after waits
+the ledger does not keep) is counted as sent in the span: that over-states what was sent, which
+only makes "cache reads count" harder to conclude (in a storm, the retries keep it from being
+concluded at all; at its first 429 they are few).
 
 What was sent in a span is known only once its calls have been answered (the gateway records a
 call at its response). A span closed while calls sent in it were still in flight under-states
@@ -191,22 +193,27 @@ class CountingConfig:
 
 
 def throttle_window(
-    start: BucketReading, throttled: BucketReading, sent: Sequence[tuple[float, float, float]]
+    start: BucketReading,
+    throttled: BucketReading,
+    sent: Sequence[tuple[float, float, float]],
+    unplaced: tuple[float, float] = (0.0, 0.0),
 ) -> ChargeWindow | None:
     """The span from ``start`` to a 429's reading of the same bucket (``throttled``: charged
     through its attempt's send, when the bucket was found short). ``sent``: (sent at, base,
-    cache reads) of the accepted calls, over any look-back. Both ends err towards "cache reads
-    do not count": the span starts at ``start.at`` (its bucket as late as it can have been
-    read: the least refill) and takes every call sent from ``start.charged_through`` on (some
-    may already be in its remaining). None when the limits differ or the 429 is not after it."""
+    cache reads) of the accepted calls, over any look-back; ``unplaced``: (base, cache reads)
+    of accepted calls that may have been sent in the span, counted as if they were. Every
+    choice errs towards "cache reads do not count": the span starts at ``start.at`` (its
+    bucket as late as it can have been read: the least refill) and takes every call sent from
+    ``start.charged_through`` on (some may already be in its remaining). None when the limits
+    differ or the 429 is not after it."""
     end = throttled.at if throttled.charged_through is None else throttled.charged_through
     if start.limit_per_s != throttled.limit_per_s or start.limit_per_s <= 0 or end <= start.at:
         return None
     first = start.at if start.charged_through is None else start.charged_through
     inside = [(b, c) for at, b, c in sent if first <= at < end]
-    return ChargeWindow.between(
-        start, end, throttled.remaining, sum(b for b, _ in inside), sum(c for _, c in inside)
-    )
+    base = sum(b for b, _ in inside) + unplaced[0]
+    cached = sum(c for _, c in inside) + unplaced[1]
+    return ChargeWindow.between(start, end, throttled.remaining, base, cached)
 
 
 def dip_window(

@@ -23,9 +23,9 @@ tokens counted both ways, and flips the belief where those samples contradict it
 A 429 of the counted class is judged too, once every call sent before it has been recorded:
 against the reading a tick took at most ``THROTTLE_SPAN_S`` before it
 (``planner.cache_counting.throttle_window``), where the belief is that cache reads do not count
-(that is the storm it ends) and no served retry was requested within ``RETRY_LOOKBACK_S`` before
-it (a retry's last attempt went out at a time the ledger does not keep). Each 429 is judged once
-(``CountingEvidence.throttle_judged_at``).
+(that is the storm it ends). The served retries requested within ``RETRY_LOOKBACK_S`` before it
+count as sent in the span (a retry's last attempt went out at a time the ledger does not keep).
+Each 429 is judged once (``CountingEvidence.throttle_judged_at``).
 
 The evidence is kept with the stored state (``pacer_states.state["counting"]``) as JSON.
 """
@@ -43,7 +43,7 @@ from ledger.charges import (
     calls_sent_between,
     counted_bucket,
     longest_recent_wait,
-    retried_between,
+    retries_sent_between,
     sent_between,
     throttled_bucket,
 )
@@ -70,7 +70,8 @@ _ANCHORS = 16  # anchors kept while a span is open
 # a 429 is judged against a tick's reading at most this long before it: over a longer span the
 # refill a bucket below capacity lost is unknown, and the bound says less
 THROTTLE_SPAN_S = 30.0
-# no 429 is judged with a served retry requested this long before it (or since)
+# served retries requested this long before a 429 count as sent in its span (and the calls sent
+# in it are looked for among those requested as long before: a pacer wait)
 RETRY_LOOKBACK_S = LATENCY_LOOKBACK_S
 
 _WINDOW_FIELDS = (
@@ -273,7 +274,7 @@ def _throttle_window(
     token_class: TokenClass,
 ) -> ChargeWindow | None:
     """The span from the earliest reading within ``THROTTLE_SPAN_S`` before the 429 to it, with
-    the calls sent in it; None without such a reading, or near a served retry."""
+    the calls sent in it and the retries that may have been; None without such a reading."""
     end = _sent_at(throttled)
     start = next(
         (
@@ -285,11 +286,10 @@ def _throttle_window(
     )
     if start is None:
         return None
-    first = _sent_at(start)
-    if retried_between(conn, alias, _utc(first - RETRY_LOOKBACK_S), _utc(end)):
-        return None
-    sent = calls_sent_between(conn, alias, _utc(first - RETRY_LOOKBACK_S), _utc(end), token_class)
-    return throttle_window(start, throttled, sent)
+    since, until = _utc(_sent_at(start) - RETRY_LOOKBACK_S), _utc(end)
+    sent = calls_sent_between(conn, alias, since, until, token_class)
+    retries = retries_sent_between(conn, alias, since, until, token_class)
+    return throttle_window(start, throttled, sent, retries)
 
 
 def _complete_horizon(conn: Connection, alias: str, stated: float | None, now: datetime) -> float:
