@@ -30,6 +30,7 @@ from gateway.recorder import CallRecorder, Observation
 from gateway.spend import Reservation
 from gateway.wire import CallUsage, passthrough_headers
 from ledger.models import SERVED_STATUSES
+from ledger.throttle_reading import ThrottleReading
 from planner.classify import LimitType
 
 __all__ = ["Call", "CallBook"]
@@ -228,11 +229,15 @@ class CallBook:
                 throttle_limits=(
                     {str(k): float(v) for k, v in limits.items()} if limited and limits else {}
                 ),
-                throttle_remaining=(
-                    {str(k): float(v) for k, v in remaining.items()}
-                    if limited and remaining
-                    else {}
+                throttle_reading=(
+                    ThrottleReading.of_429(
+                        limit_type.value,
+                        {str(k): float(v) for k, v in (limits or {}).items()},
+                        {str(k): float(v) for k, v in (remaining or {}).items()},
+                        sent_at,
+                    )
+                    if limited
+                    else None
                 ),
-                throttle_sent_at=sent_at if limited else None,
             )
         )

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import insert
@@ -30,6 +30,7 @@ from ledger.models import (
     AliasObservation,
     LlmCall,
 )
+from ledger.throttle_reading import ThrottleReading
 from planner.classify import parse_rate_limit_headers
 
 log = logging.getLogger(__name__)
@@ -49,10 +50,9 @@ class Observation:
     # the limits (per minute, by limit type) the last 429 stated, from its headers and message:
     # a limit only a 429's message states (OpenAI's output-token limit) is in no later header
     throttle_limits: dict[str, float] = field(default_factory=dict)
-    # what the last 429 stated was left of each bucket, and when its attempt was sent: a token
-    # 429's bucket is empty, which tells what the provider charged (tasks.plan_counting)
-    throttle_remaining: dict[str, float] = field(default_factory=dict)
-    throttle_sent_at: datetime | None = None
+    # a token 429's reading of its bucket: this observation's own, merged by the recorder into
+    # the first of its storm (ledger.throttle_reading), kept through later successes
+    throttle_reading: ThrottleReading | None = None
     # every call of the alias requested before this had been answered (its row recorded before
     # this observation): a span of sent calls that ends by then is complete (tasks.plan_counting)
     complete_before: datetime | None = None
@@ -72,23 +72,21 @@ def parsed_limits(obs: Observation) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _Throttle:
-    """An alias's last 429: its type, time, stated limits and remaining, and when its attempt
-    was sent (sticky until the next one)."""
+    """An alias's last 429: its type, time and stated limits (sticky until the next one), and
+    the first token 429 of the latest storm (``ledger.throttle_reading``)."""
 
     limit_type: str | None
     limited_at: datetime | None
     limits: dict[str, float]
-    remaining: dict[str, float] = field(default_factory=dict)
-    sent_at: datetime | None = None
+    reading: ThrottleReading | None = None
 
-    @classmethod
-    def of(cls, obs: Observation) -> _Throttle:
-        return cls(
-            obs.last_limit_type,
-            obs.last_limited_at,
-            dict(obs.throttle_limits),
-            dict(obs.throttle_remaining),
-            obs.throttle_sent_at,
+    def followed_by(self, obs: Observation) -> _Throttle:
+        """After ``obs``, a 429: its type, time and limits; the storm's first token reading."""
+        reading = obs.throttle_reading
+        if self.reading is not None:
+            reading = self.reading.followed_by(reading)
+        return _Throttle(
+            obs.last_limit_type, obs.last_limited_at, dict(obs.throttle_limits), reading
         )
 
     @classmethod
@@ -97,33 +95,19 @@ class _Throttle:
         if row is None:
             return cls(None, None, {})
         stored = row.limits if isinstance(row.limits, dict) else {}
-        reading = stored.get(THROTTLE_READING_KEY)
-        reading = reading if isinstance(reading, dict) else {}
-        sent_at = _number(reading.get("sent_at"))
-        return cls(
-            row.last_limit_type,
-            row.last_limited_at,
-            _numbers(stored.get(THROTTLE_LIMITS_KEY)),
-            _numbers(reading.get("remaining")),
-            None if sent_at is None else datetime.fromtimestamp(sent_at, tz=UTC),
-        )
+        raw = stored.get(THROTTLE_LIMITS_KEY)
+        limits = {
+            str(k): float(v)
+            for k, v in (raw.items() if isinstance(raw, dict) else ())
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        reading = ThrottleReading.from_json(stored.get(THROTTLE_READING_KEY))
+        return cls(row.last_limit_type, row.last_limited_at, limits, reading)
 
     def carry_into(self, obs: Observation) -> None:
         obs.last_limit_type, obs.last_limited_at = self.limit_type, self.limited_at
         obs.throttle_limits = dict(self.limits)
-        obs.throttle_remaining = dict(self.remaining)
-        obs.throttle_sent_at = self.sent_at
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _numbers(raw: object) -> dict[str, float]:
-    """The numeric entries of a stored JSON object (anything else: none)."""
-    if not isinstance(raw, dict):
-        return {}
-    return {str(k): v for k, value in raw.items() if (v := _number(value)) is not None}
+        obs.throttle_reading = self.reading
 
 
 @dataclass
@@ -151,10 +135,15 @@ class CallRecorder:
 
     def observe(self, obs: Observation) -> None:
         """Keep the alias's latest headers; a 429's limit type and stated limits stick until the
-        next 429, across flushes and gateway restarts (``_write`` reads the ledger's once)."""
+        next 429, and a storm's first token reading through the storm, across flushes and
+        gateway restarts (``_write`` reads the ledger's once)."""
+        last = self._throttles.get(obs.alias)
         if obs.last_limit_type is not None:
-            self._throttles[obs.alias] = _Throttle.of(obs)
-        elif (last := self._throttles.get(obs.alias)) is not None:
+            # a token 429 in a storm keeps the storm's first reading (ledger.throttle_reading)
+            throttle = (last or _Throttle(None, None, {})).followed_by(obs)
+            self._throttles[obs.alias] = throttle
+            throttle.carry_into(obs)
+        elif last is not None:
             last.carry_into(obs)
         self._observations[obs.alias] = obs
 
@@ -197,11 +186,8 @@ class CallRecorder:
                 limits = dict(obs.limits or parsed_limits(obs))
                 if obs.throttle_limits:
                     limits[THROTTLE_LIMITS_KEY] = obs.throttle_limits
-                if obs.throttle_remaining and obs.throttle_sent_at is not None:
-                    limits[THROTTLE_READING_KEY] = {
-                        "sent_at": obs.throttle_sent_at.timestamp(),
-                        "remaining": obs.throttle_remaining,
-                    }
+                if obs.throttle_reading is not None:
+                    limits[THROTTLE_READING_KEY] = obs.throttle_reading.to_json()
                 if obs.complete_before is not None:
                     limits[COMPLETE_BEFORE_KEY] = obs.complete_before.timestamp()
                 if obs.answered_sent_at is not None:

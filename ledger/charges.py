@@ -10,8 +10,8 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
   reads.
 * ``calls_sent_between``: the same calls one by one, with when each was sent upstream (its
   request plus its pacer wait), for the dip of a reading (``planner.cache_counting.dip_window``).
-* ``throttled_bucket``: the last token 429's reading of the counted token bucket (empty, at the
-  429), sticky until the next 429.
+* ``throttled_bucket``: the first token 429 of the latest storm, as a reading of the counted
+  token bucket (empty, at the 429).
 * ``retries_sent_between``: the tokens of the served retries requested in a span (their last
   attempts went out at times the ledger does not keep).
 * ``longest_recent_wait``: the longest time from a call's request to its answer (pacer wait plus
@@ -30,12 +30,12 @@ from ledger.models import (
     ANSWERED_SENT_AT_KEY,
     COMPLETE_BEFORE_KEY,
     SERVED_STATUSES,
-    THROTTLE_LIMITS_KEY,
     THROTTLE_READING_KEY,
     AliasObservation,
     LlmCall,
 )
 from ledger.pacer_window import stated_limits, stated_remaining
+from ledger.throttle_reading import TOKEN_LIMIT_TYPES, ThrottleReading
 from planner.budget_state import BudgetClass, TokenClass
 from planner.budgets import header_classes
 from planner.cache_counting import BucketReading
@@ -48,9 +48,6 @@ __all__ = [
     "sent_between",
     "throttled_bucket",
 ]
-
-# the 429s whose stated remaining is the counted token class's bucket
-_TOKEN_THROTTLES = ("tokens", "input_tokens")
 
 
 def counted_bucket(
@@ -84,37 +81,28 @@ def counted_bucket(
 
 
 def throttled_bucket(conn: Connection, alias: str, token_class: TokenClass) -> BucketReading | None:
-    """The last 429 of ``alias``'s counted token class, as a reading of that bucket: its stated
-    limit and remaining, at the 429, charged through the send of its attempt (None: the last 429
-    was of another limit, or stated no bucket of that class, or predates the gateway keeping
-    it)."""
-    row = conn.execute(
-        select(
-            AliasObservation.last_limit_type,
-            AliasObservation.last_limited_at,
-            AliasObservation.limits,
-        ).where(AliasObservation.alias == alias)
-    ).first()
-    if row is None or row[0] not in _TOKEN_THROTTLES or row[1] is None:
+    """The first token 429 of ``alias``'s latest storm (``ledger.throttle_reading``), as a
+    reading of its counted token bucket: stated limit and remaining, at and charged through the
+    send of its attempt (None: no such 429 kept, or it stated no bucket of that class)."""
+    raw = conn.execute(
+        select(AliasObservation.limits).where(AliasObservation.alias == alias)
+    ).scalar_one_or_none()
+    reading = ThrottleReading.from_json(
+        raw.get(THROTTLE_READING_KEY) if isinstance(raw, dict) else None
+    )
+    if reading is None or reading.limit_type not in TOKEN_LIMIT_TYPES:
         return None
-    stored = row[2] if isinstance(row[2], dict) else {}
-    reading = stored.get(THROTTLE_READING_KEY)
-    if not isinstance(reading, dict):
-        return None
-    sent_at = _epoch(reading.get("sent_at"))
     limits = header_classes(
-        stated_limits(stored.get(THROTTLE_LIMITS_KEY)),
-        token_class=token_class,
-        has_output_budget=False,
+        stated_limits(reading.limits), token_class=token_class, has_output_budget=False
     )
     left = header_classes(
-        stated_remaining(reading.get("remaining")), token_class=token_class, has_output_budget=False
+        stated_remaining(reading.remaining), token_class=token_class, has_output_budget=False
     )
     limit, remaining = limits.get(BudgetClass.TOKENS), left.get(BudgetClass.TOKENS)
-    if limit is None or remaining is None or sent_at is None:
+    if limit is None or remaining is None:
         return None
-    at = as_utc(row[1]).timestamp()
-    return BucketReading(at, limit / 60.0, remaining, min(sent_at, at))
+    sent_at = reading.sent_at.timestamp()
+    return BucketReading(sent_at, limit / 60.0, remaining, sent_at)
 
 
 def retries_sent_between(

@@ -64,6 +64,9 @@ from dataclasses import dataclass
 from evalfleet.errors import ConfigError
 
 __all__ = [
+    "RETRY_LOOKBACK_S",
+    "STORM_GAP_S",
+    "THROTTLE_SPAN_S",
     "BucketReading",
     "ChargeWindow",
     "CountingConfig",
@@ -75,6 +78,15 @@ __all__ = [
 
 LATENCY_LOOKBACK_S = 600.0  # the latencies that set a span's closing lag: answered this recently
 MAX_CLOSE_LAG_S = 900.0  # a span waits at most this long for its calls' answers
+# a 429 is judged against a reading at most this long before it: over a longer span the refill
+# a bucket below capacity lost is unknown, and the bound says less
+THROTTLE_SPAN_S = 30.0
+# served retries requested this long before a 429 count as sent in its span (and the calls sent
+# in it are looked for among those requested as long before: a pacer wait)
+RETRY_LOOKBACK_S = LATENCY_LOOKBACK_S
+# a storm's first token 429 is the one judged: a later one replaces it only this long after the
+# storm's last (the calls sent before a 429 are all recorded only after the next 429 of a storm)
+STORM_GAP_S = 60.0
 
 
 def span_close_lag_s(base_lag_s: float, longest_recent_latency_s: float | None) -> float:

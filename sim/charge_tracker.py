@@ -10,17 +10,34 @@ still in flight under-states what was sent, and reads as "cache reads count". On
 the counted token class's stated limit and remaining per planner tick marks the span
 boundaries; a span across a change of the stated limit is dropped. Each closed span also yields
 the ``planner.cache_counting.dip_window`` of its end reading, from the calls sent in it.
+
+A 429 of the counted class that states its bucket is judged as the planner tick judges the
+gateway's (``tasks.plan_counting``): the first of a storm (a later one replaces it only after a
+quiet ``STORM_GAP_S``: ``ledger.throttle_reading``), once, when every call admitted before it has
+been answered, against the tick's reading at most ``THROTTLE_SPAN_S`` before it
+(``planner.cache_counting.throttle_window``). The calls accepted at their first attempt count
+where they were admitted; those accepted after a rejection (retries: the gateway's ledger does not
+keep when their last attempt went out) count as sent in the span wherever they were first
+admitted within ``RETRY_LOOKBACK_S`` before the 429.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
-from planner.cache_counting import BucketReading, ChargeWindow, dip_window
+from planner.cache_counting import (
+    RETRY_LOOKBACK_S,
+    STORM_GAP_S,
+    THROTTLE_SPAN_S,
+    BucketReading,
+    ChargeWindow,
+    dip_window,
+    throttle_window,
+)
 
 SPAN_TICKS = 1  # a span is 1 planner tick (15 s)
 KEEP = 8  # spans kept as evidence
-DRAIN_S = 30.0  # how far back a 429's drained bucket is compared with what was admitted
 
 
 class ChargeTracker:
@@ -29,7 +46,17 @@ class ChargeTracker:
     def __init__(self) -> None:
         self._snapshots: deque[BucketReading] = deque()
         self._sent: list[tuple[float, float, float]] = []  # (admitted at, base, cached)
-        self._admitted: deque[tuple[float, float, float]] = deque()  # every admission
+        # the first admission of each call not yet answered, and the calls rejected since
+        self._first_admitted: dict[int, float] = {}
+        self._retried: set[int] = set()
+        # (admitted at, base, cached) of the calls accepted at their first attempt, and (first
+        # admitted at, base, cached) of those accepted after a rejection, over RETRY_LOOKBACK_S
+        self._first_tries: deque[tuple[float, float, float]] = deque()
+        self._retries: deque[tuple[float, float, float]] = deque()
+        # the first 429 of the latest storm, when the storm's last came, the last one judged
+        self._throttled: BucketReading | None = None
+        self._storm_last = -math.inf
+        self._judged_at = -math.inf
         # each call in flight (admitted, neither answered nor rejected) by its last admission,
         # oldest first
         self._in_flight: dict[int, float] = {}
@@ -41,32 +68,61 @@ class ChargeTracker:
         again, and the provider charges its last admission)."""
         self._in_flight.pop(call, None)  # re-inserted: the dict stays in admission order
         self._in_flight[call] = at
-        self._admitted.append((at, base, cached))
-        while self._admitted and self._admitted[0][0] < at - DRAIN_S:
-            self._admitted.popleft()
+        self._first_admitted.setdefault(call, at)
 
     def rejected(self, call: int) -> None:
         """The provider rejected the call: it charged no tokens for it (until it is admitted
         again)."""
         self._in_flight.pop(call, None)
+        self._retried.add(call)
 
-    def drain(self, now: float, limit_per_minute: float, remaining: float) -> ChargeWindow | None:
-        """A 429 of the counted class says its bucket is at ``remaining``: the span from the
-        oldest snapshot within ``DRAIN_S``, with everything admitted since (admitted, not
-        accepted: it over-states what was sent, so it can only make "cache reads count" harder
-        to conclude)."""
-        start = next((s for s in self._snapshots if s.at >= now - DRAIN_S), None)
-        if start is None or start.limit_per_s != limit_per_minute / 60.0:
+    def throttled(self, at: float, limit_per_minute: float, remaining: float) -> None:
+        """A 429 of the counted class stated its bucket: kept when it starts a storm."""
+        if self._throttled is None or at - self._storm_last >= STORM_GAP_S:
+            self._throttled = BucketReading(at, limit_per_minute / 60.0, remaining)
+        self._storm_last = max(self._storm_last, at)
+
+    def judge_throttle(self, now: float) -> ChargeWindow | None:
+        """The kept 429's span (``planner.cache_counting.throttle_window``), once, when every
+        call admitted before it has been answered; None before that, once judged, and when no
+        tick's reading is within ``THROTTLE_SPAN_S`` before it."""
+        throttled = self._throttled
+        if throttled is None or throttled.at <= self._judged_at:
             return None
-        inside = [a for a in self._admitted if a[0] >= start.at]
-        return ChargeWindow.between(
-            start, now, remaining, sum(b for _, b, _ in inside), sum(c for _, _, c in inside)
+        if throttled.at > self.complete_before(now):
+            return None
+        self._judged_at = throttled.at
+        start = next(
+            (
+                s
+                for s in self._snapshots
+                if throttled.at - THROTTLE_SPAN_S <= s.at < throttled.at
+                and s.limit_per_s == throttled.limit_per_s
+            ),
+            None,
         )
+        if start is None:
+            return None
+        since = start.at - RETRY_LOOKBACK_S
+        retries = [(b, c) for first, b, c in self._retries if since <= first < throttled.at]
+        unplaced = (sum(b for b, _ in retries), sum(c for _, c in retries))
+        return throttle_window(start, throttled, list(self._first_tries), unplaced)
 
     def sent(self, call: int, now: float, base: float, cached: float) -> None:
         """A call the provider accepted at ``now``: ``base`` counts either way, ``cached`` are
         cache reads; attributed to its last admission."""
-        self._sent.append((self._in_flight.pop(call, now), base, cached))
+        at = self._in_flight.pop(call, now)
+        self._sent.append((at, base, cached))
+        first = self._first_admitted.pop(call, at)
+        if call in self._retried:
+            self._retried.discard(call)
+            self._retries.append((first, base, cached))
+        else:
+            self._first_tries.append((at, base, cached))
+        # answered out of admission order: trimmed with a lookback of slack
+        for kept in (self._first_tries, self._retries):
+            while kept and kept[0][0] < now - 2 * RETRY_LOOKBACK_S:
+                kept.popleft()
 
     def complete_before(self, now: float) -> float:
         """Every call admitted before this has been answered or rejected."""
@@ -102,3 +158,5 @@ class ChargeTracker:
         """Evidence gathered under the old belief is spent."""
         self.windows.clear()
         self.dips.clear()
+        if self._throttled is not None:
+            self._judged_at = max(self._judged_at, self._throttled.at)

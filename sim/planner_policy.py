@@ -213,7 +213,10 @@ class PlannerPolicy:
         self.charges.rejected(call)
         throttle = (classification.limit_type, classification.retry_after_s)
         if classification.limit_type in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
-            self._check_drain(classification, now)
+            limit, remaining = self._counted_view(classification)
+            if limit is not None and remaining is not None:
+                # judged at a tick, once every call admitted before it is answered
+                self.charges.throttled(now, limit, remaining)
         if classification.remaining:
             # the provider's buckets are emptier than ours: retries must not storm them
             self._observe_remaining(classification, now)
@@ -323,14 +326,12 @@ class PlannerPolicy:
         left = header_classes(view.remaining, token_class=self.token_class, has_output_budget=False)
         return limits.get(BudgetClass.TOKENS), left.get(BudgetClass.TOKENS)
 
-    def _check_drain(self, view: Classification, now: float) -> None:
-        """A token 429: does the drained bucket say cache reads count, against our belief?"""
+    def _judge_throttle(self, now: float) -> None:
+        """The latest token 429's empty bucket against the belief that cache reads do not
+        count (``ChargeTracker.judge_throttle``, as the planner tick judges the gateway's)."""
         if self.counting.cached_input_counts:
             return
-        limit, remaining = self._counted_view(view)
-        if limit is None or remaining is None:
-            return
-        window = self.charges.drain(now, limit, remaining)
+        window = self.charges.judge_throttle(now)
         if window is not None and infer_cached_input_counts([window], believed=False):
             self._recount(True, now)
 
@@ -405,6 +406,7 @@ class PlannerPolicy:
             observed = dict(view.limits) if view is not None and view.limits else None
             if view is not None and view.remaining:
                 self._observe_remaining(view, now)
+        self._judge_throttle(now)
         self._check_counting(view, now)
         self._throttles.extend(
             (lt, None)

@@ -51,6 +51,8 @@ from planner.budget_state import BudgetClass, TokenClass
 from planner.cache_counting import (
     LATENCY_LOOKBACK_S,
     MAX_CLOSE_LAG_S,
+    RETRY_LOOKBACK_S,
+    THROTTLE_SPAN_S,
     BucketReading,
     ChargeWindow,
     dip_window,
@@ -67,12 +69,6 @@ KEEP = 8  # spans kept as evidence
 # a call that waited longer in the pacer is left out, which only under-states what was sent)
 DIP_LOOKBACK_S = 15.0
 _ANCHORS = 16  # anchors kept while a span is open
-# a 429 is judged against a tick's reading at most this long before it: over a longer span the
-# refill a bucket below capacity lost is unknown, and the bound says less
-THROTTLE_SPAN_S = 30.0
-# served retries requested this long before a 429 count as sent in its span (and the calls sent
-# in it are looked for among those requested as long before: a pacer wait)
-RETRY_LOOKBACK_S = LATENCY_LOOKBACK_S
 
 _WINDOW_FIELDS = (
     "span_s",

@@ -23,6 +23,7 @@ from ledger.models import (
     AliasObservation,
     LlmCall,
 )
+from ledger.throttle_reading import ThrottleReading
 from tasks import plan
 from tests import plan_tick_support
 from tests.plan_tick_support import T0, add_run
@@ -56,11 +57,15 @@ def _full_bucket(eng: Engine, at: datetime) -> None:
 def _throttled(eng: Engine, sent: datetime, complete_before: datetime) -> None:
     """A 429 of the input-token limit whose attempt was sent at ``sent``: the bucket empty."""
     at = sent + timedelta(seconds=0.5)
+    reading = ThrottleReading.of_429(
+        "input_tokens", {"input_tokens": LIMIT}, {"input_tokens": 0.0}, sent
+    )
+    assert reading is not None
     limits = {
         "limits": {"input_tokens": LIMIT},
         "remaining": {"input_tokens": 0.0},
         THROTTLE_LIMITS_KEY: {"input_tokens": LIMIT},
-        THROTTLE_READING_KEY: {"sent_at": sent.timestamp(), "remaining": {"input_tokens": 0.0}},
+        THROTTLE_READING_KEY: reading.to_json(),
         COMPLETE_BEFORE_KEY: complete_before.timestamp(),
     }
     _observe(
@@ -169,43 +174,65 @@ def test_served_retries_near_a_429_count_as_sent_in_its_span(
     assert _belief(plan_ledger)[0] is (retries == 1)
 
 
-def test_the_gateway_keeps_a_429s_empty_bucket_through_later_successes(plan_ledger: Engine) -> None:
+def test_the_gateway_keeps_a_storms_first_429_through_the_storm_and_later_successes(
+    plan_ledger: Engine,
+) -> None:
+    """The calls sent before a 429 are all recorded only after the storm's next 429: the
+    recorder keeps the storm's first token reading, until a token 429 after a quiet
+    ``STORM_GAP_S``; successes, a request 429 and a restarted gateway keep it too."""
     from gateway.recorder import CallRecorder, Observation
     from ledger.charges import throttled_bucket
 
-    recorder = CallRecorder(sessionmaker(plan_ledger))
-    sent = T0 - timedelta(seconds=8)
-    limited_at = T0 - timedelta(seconds=7)
-    recorder.observe(
-        Observation(
+    def throttle(sent: datetime, limit_type: str = "input_tokens") -> Observation:
+        at = sent + timedelta(seconds=1)
+        return Observation(
             alias=ALIAS,
-            observed_at=limited_at,
+            observed_at=at,
             status=429,
             headers={},
-            limits={"limits": {"input_tokens": LIMIT}, "remaining": {"input_tokens": 0.0}},
-            last_limit_type="input_tokens",
-            last_limited_at=limited_at,
-            throttle_limits={"input_tokens": LIMIT},
-            throttle_remaining={"input_tokens": 0.0},
-            throttle_sent_at=sent,
+            limits={"limits": {limit_type: LIMIT}, "remaining": {limit_type: 0.0}},
+            last_limit_type=limit_type,
+            last_limited_at=at,
+            throttle_limits={limit_type: LIMIT},
+            throttle_reading=ThrottleReading.of_429(
+                limit_type, {limit_type: LIMIT}, {limit_type: 0.0}, sent
+            ),
         )
-    )
-    asyncio.run(recorder.flush())
-    success = Observation(
-        alias=ALIAS,
-        observed_at=T0,
-        status=200,
-        headers={},
-        limits={"limits": {"input_tokens": LIMIT}, "remaining": {"input_tokens": 900_000.0}},
-    )
-    recorder.observe(success)
-    asyncio.run(recorder.flush())
-    restarted = CallRecorder(sessionmaker(plan_ledger))  # a 429 before a restart sticks too
-    restarted.observe(success)
-    asyncio.run(restarted.flush())
-    with plan_ledger.connect() as conn:
-        reading = throttled_bucket(conn, ALIAS, "input")
-        combined = throttled_bucket(conn, ALIAS, "combined")
-    assert reading is not None and combined is None  # an input-token 429 is no combined bucket
-    assert reading.at == limited_at.timestamp() and reading.remaining == 0.0
-    assert reading.limit_per_s == LIMIT / 60.0 and reading.charged_through == sent.timestamp()
+
+    def success(at: datetime) -> Observation:
+        return Observation(
+            alias=ALIAS,
+            observed_at=at,
+            status=200,
+            headers={},
+            limits={"limits": {"input_tokens": LIMIT}, "remaining": {"input_tokens": 9e5}},
+        )
+
+    def kept(recorder: CallRecorder) -> float | None:
+        asyncio.run(recorder.flush())
+        with plan_ledger.connect() as conn:
+            reading = throttled_bucket(conn, ALIAS, "input")
+            assert throttled_bucket(conn, ALIAS, "combined") is None  # not that class's bucket
+        if reading is not None:
+            assert reading.remaining == 0.0 and reading.limit_per_s == LIMIT / 60.0
+            assert reading.charged_through == reading.at
+        return None if reading is None else reading.at
+
+    first = T0 - timedelta(seconds=100)
+    recorder = CallRecorder(sessionmaker(plan_ledger))
+    recorder.observe(throttle(first))
+    assert kept(recorder) == first.timestamp()
+    # the storm goes on: each token 429 within STORM_GAP_S of the last keeps the first
+    for k in range(1, 4):
+        recorder.observe(throttle(first + timedelta(seconds=40 * k)))
+        recorder.observe(success(first + timedelta(seconds=40 * k + 2)))
+        assert kept(recorder) == first.timestamp()
+    recorder.observe(throttle(first + timedelta(seconds=170), limit_type="requests"))
+    assert kept(recorder) == first.timestamp()
+    restarted = CallRecorder(sessionmaker(plan_ledger))
+    restarted.observe(success(first + timedelta(seconds=175)))
+    assert kept(restarted) == first.timestamp()
+    # a quiet minute after the storm's last token 429 (at 120 s): a new storm
+    later = first + timedelta(seconds=181)
+    restarted.observe(throttle(later))
+    assert kept(restarted) == later.timestamp()

@@ -1,12 +1,14 @@
 """The simulated gateway's record of what it sent against the provider's stated bucket
-(``sim/charge_tracker.py``): spans wait for their calls in flight, and a 429's drain check looks at
-the last half minute whatever spans are still open."""
+(``sim/charge_tracker.py``): spans wait for their calls in flight, and a 429 is judged as the
+planner tick judges the gateway's: once its calls are answered, from a reading at most half a
+minute before it, with retries counted as sent in its span."""
 
 from __future__ import annotations
 
 import pytest
 
-from sim.charge_tracker import DRAIN_S, ChargeTracker
+from planner.cache_counting import THROTTLE_SPAN_S
+from sim.charge_tracker import ChargeTracker
 
 LIMIT_PER_MINUTE = 600_000.0
 
@@ -54,18 +56,39 @@ def test_a_rejected_call_holds_no_span_open() -> None:
     assert tracker.windows[-1].base == pytest.approx(1_000.0)
 
 
-def test_a_429_compares_the_drained_bucket_with_the_last_half_minute() -> None:
-    """Spans held open by a slow call keep their bucket readings; the drain check on a 429 still
-    starts from a reading at most ``DRAIN_S`` old, as it did when spans closed at once: a start
-    minutes back would add minutes of sends against a drop that a full bucket caps at its size,
-    and a bucket drained by cache reads would no longer say so at the first 429."""
+def test_a_429_is_judged_from_the_last_half_minute_once_its_calls_are_answered() -> None:
+    """Spans held open by a slow call keep their bucket readings; a 429 at 110 s is judged only
+    once every call admitted before it has been answered, from the earliest reading at most
+    ``THROTTLE_SPAN_S`` before it (90 s): a start minutes back would add minutes of sends
+    against a drop that a full bucket caps at its size. The rejected attempts count nothing,
+    and the retry accepted after its rejection counts as sent in the span."""
     tracker = ChargeTracker()
-    tracker.admitted(0, 1.0, base=100.0, cached=0.0)  # in flight throughout: spans stay open
+    tracker.admitted(0, 1.0, base=100.0, cached=0.0)  # in flight until 130 s: spans stay open
+    call = 1
     for tick in range(0, 120, 15):
         tracker.observe(float(tick), LIMIT_PER_MINUTE, LIMIT_PER_MINUTE)
         for k in range(10):
-            tracker.admitted(1 + tick * 10 + k, tick + k * 1.0, base=2_000.0, cached=8_000.0)
-    window = tracker.drain(110.0, LIMIT_PER_MINUTE, 0.0)
+            tracker.admitted(call, tick + k * 1.0, base=2_000.0, cached=8_000.0)
+            tracker.sent(call, tick + k * 1.0 + 0.5, base=2_000.0, cached=8_000.0)
+            call += 1
+    tracker.admitted(999, 100.0, base=2_000.0, cached=8_000.0)
+    tracker.rejected(999)  # a 429 at 100 s, retried and accepted at 115 s
+    tracker.throttled(110.0, LIMIT_PER_MINUTE, 0.0)
+    tracker.throttled(112.0, LIMIT_PER_MINUTE, 0.0)  # the storm's next 429: the first is kept
+    tracker.admitted(999, 115.0, base=2_000.0, cached=8_000.0)
+    tracker.sent(999, 116.0, base=2_000.0, cached=8_000.0)
+    assert tracker.judge_throttle(120.0) is None  # call 0 is still in flight
+    tracker.sent(0, 130.0, base=100.0, cached=0.0)
+    window = tracker.judge_throttle(135.0)
     assert window is not None
-    assert window.span_s <= DRAIN_S
-    assert window.base == pytest.approx(2 * 10 * 2_000.0)  # the ticks at 90 and 105 s
+    assert window.span_s == pytest.approx(20.0) and window.span_s <= THROTTLE_SPAN_S
+    # the ticks at 90 and 105 s sent 15 calls before 110 s, and the retry
+    assert window.base == pytest.approx(16 * 2_000.0)
+    assert window.cached == pytest.approx(16 * 8_000.0)
+    assert tracker.judge_throttle(150.0) is None  # judged once
+    tracker.throttled(160.0, LIMIT_PER_MINUTE, 0.0)  # the storm goes on: nothing new
+    assert tracker.judge_throttle(165.0) is None
+    tracker.throttled(230.0, LIMIT_PER_MINUTE, 0.0)  # a quiet minute since 160 s: a new storm
+    tracker.observe(225.0, LIMIT_PER_MINUTE, LIMIT_PER_MINUTE)
+    again = tracker.judge_throttle(240.0)
+    assert again is not None and again.span_s == pytest.approx(5.0)
