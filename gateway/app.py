@@ -57,8 +57,10 @@ from evalfleet.errors import KeyRejected, SpendCapExceeded
 from gateway.aliases import Aliases
 from gateway.calls import Call, CallBook
 from gateway.keys import ProviderKeyStore, hash_secret
+from gateway.pacer_local import token_class
 from gateway.pacing import Pacer, PacerUnavailable
 from gateway.recorder import CallRecorder
+from gateway.send_log import SendLog
 from gateway.spend import Settler, SpendStore
 from gateway.tokens import count_prompt_tokens, requested_max_tokens
 from gateway.wire import (
@@ -72,7 +74,8 @@ from gateway.wire import (
 from ledger.db import session_factory
 from ledger.models import CLIENT_CLOSED, SERVED_STATUSES
 from ledger.pauses import is_paused
-from planner.classify import LimitType, classify, parse_rate_limit_headers
+from planner.cache_counting import infer_cached_input_counts
+from planner.classify import Classification, LimitType, classify, parse_rate_limit_headers
 from planner.pacer import CallUsage as PacerUsage
 
 log = logging.getLogger(__name__)
@@ -121,6 +124,7 @@ class Gateway:
         self.max_retry_wait_s = max_retry_wait_s
         self.recorder = CallRecorder(self.sessions)
         self.book = CallBook(self.recorder, clock)
+        self.sends = SendLog()  # what went upstream: a token 429 judged at once (_judge_counting)
         self.spend = SpendStore(engine)
         self.settler = Settler(self.spend)
         self._transport = transport
@@ -337,22 +341,25 @@ class Gateway:
         timeout = {"timeout": httpx.Timeout(self._timeout, connect=10.0).as_dict()}
         while True:
             started = time.monotonic()
+            sent_at = self._clock()
+            attempt = self.sends.sent(call.alias.name, sent_at, call.input_estimate)
             upstream = await self._upstream.handle_async_request(
                 httpx.Request("POST", url, content=content, headers=headers, extensions=timeout)
             )
             if upstream.status_code == 200 and stream:
-                return self._stream(upstream, call, started)
+                return self._stream(upstream, call, started, attempt, sent_at)
             raw = await upstream.aread()
             await upstream.aclose()
             latency = time.monotonic() - started
             out_headers = passthrough_headers(upstream.headers)
             if upstream.status_code == 200:
                 self.book.observe(call, upstream, LimitType.NONE, None, None, latency)
-                self._sync_pacer(call, upstream)
+                self._sync_pacer(call, upstream, sent_at)
                 try:
                     usage_from_body(call.flavour, json.loads(raw), call.usage)
                 except ValueError:
                     log.warning("alias %s: provider sent a 200 that is not JSON", call.alias.name)
+                self.sends.answered(attempt, call.usage.uncached, call.usage.input_cached)
                 cost = self.book.record(call, 200, latency, None)
                 self.book.note_outcome(call, rejected=False)
                 self._settle_later(call, cost)
@@ -360,8 +367,16 @@ class Gateway:
                     raw, status_code=200, headers=out_headers, media_type="application/json"
                 )
             verdict = classify(upstream.status_code, upstream.headers, raw, now_epoch=self._clock())
+            if upstream.status_code == 429:
+                self.sends.rejected(attempt)
             self.book.observe(
-                call, upstream, verdict.limit_type, verdict.limits, verdict.remaining, latency
+                call,
+                upstream,
+                verdict.limit_type,
+                verdict.limits,
+                verdict.remaining,
+                latency,
+                counted_cache_reads=self._judge_counting(call, verdict, sent_at),
             )
             if verdict.remaining:
                 # the provider's bucket is emptier than the pacer's: retries must not storm it
@@ -388,7 +403,9 @@ class Gateway:
                 media_type=upstream.headers.get("content-type", "application/json"),
             )
 
-    def _stream(self, upstream: httpx.Response, call: Call, started: float) -> Response:
+    def _stream(
+        self, upstream: httpx.Response, call: Call, started: float, attempt: int, sent_at: float
+    ) -> Response:
         gateway = self
 
         def finish(status: int) -> None:
@@ -396,6 +413,8 @@ class Gateway:
             # ``finally``, where a cancelled relay's next ``await`` may raise again
             if call.settled:
                 return
+            if status == 200:
+                gateway.sends.answered(attempt, call.usage.uncached, call.usage.input_cached)
             cost = gateway.book.record(call, status, time.monotonic() - started, None)
             gateway._settle_now(call, settled_cost=cost if status in SERVED_STATUSES else 0)
 
@@ -434,7 +453,7 @@ class Gateway:
         headers = passthrough_headers(upstream.headers)
         self.book.observe(call, upstream, LimitType.NONE, None, None, time.monotonic() - started)
         self.book.note_outcome(call, rejected=False)
-        self._sync_pacer(call, upstream)
+        self._sync_pacer(call, upstream, sent_at)
         return RelayedStream(
             relay(),
             on_end=abandoned,
@@ -457,12 +476,44 @@ class Gateway:
         """Drop a run's cached provider key (after its keys were revoked)."""
         self._provider_keys.pop(run_id, None)
 
-    def _sync_pacer(self, call: Call, upstream: httpx.Response) -> None:
+    def _sync_pacer(self, call: Call, upstream: httpx.Response, sent_at: float) -> None:
         """A success's rate-limit headers say what is left of the provider's buckets: the
-        pacer holds no more (a limit that dropped, or other users of the key, show here first)."""
-        remaining = parse_rate_limit_headers(upstream.headers).remaining
-        if remaining:
-            self.pacer.observe_remaining(call.alias.name, remaining)
+        pacer holds no more (a limit that dropped, or other users of the key, show here first),
+        and the send log keeps the counted bucket for judging a token 429 (``_judge_counting``)."""
+        stated = parse_rate_limit_headers(upstream.headers, now_epoch=self._clock())
+        if stated.remaining:
+            self.pacer.observe_remaining(call.alias.name, stated.remaining)
+            self.sends.read(
+                call.alias.name,
+                self._clock(),
+                sent_at,
+                stated.limits,
+                stated.remaining,
+                token_class(call.alias),
+            )
+
+    def _judge_counting(self, call: Call, verdict: Classification, sent_at: float) -> bool:
+        """A storm's first token 429 against what was sent since a reading shortly before it
+        (``gateway.send_log``): where it says the provider counts the cache reads the pacer
+        does not charge, the pacer counts them at once (the planner adopts the verdict, which
+        the observation carries, at its next tick). True when it flipped the pacer."""
+        if verdict.limit_type not in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
+            return False
+        alias = call.alias.name
+        window = self.sends.storm_window(
+            alias, sent_at, verdict.limits, verdict.remaining, token_class(call.alias)
+        )
+        if window is None or self.pacer.cached_input_counts(alias):
+            return False
+        if not infer_cached_input_counts([window], believed=False):
+            return False
+        self.pacer.recount(alias, True)
+        log.warning(
+            "alias %s: a token 429 found the provider's bucket emptied by more than the uncached "
+            "tokens sent since its last reading: it counts cache reads; pacing so",
+            alias,
+        )
+        return True
 
     def _settle_now(self, call: Call, settled_cost: int) -> None:
         """Settle pacer and spend for a call, once (in a tracked background task)."""

@@ -197,9 +197,12 @@ class CallBook:
         limits: Any,
         remaining: Any,
         latency_s: float,
+        *,
+        counted_cache_reads: bool = False,
     ) -> None:
         """Keep the alias's latest rate-limit headers, and what a 429 stated, for the planner;
-        ``latency_s``: from the attempt's send to these headers."""
+        ``latency_s``: from the attempt's send to these headers; ``counted_cache_reads``: the
+        gateway judged this token 429 to say the provider counts cache reads."""
         headers = {
             k: v for k, v in passthrough_headers(upstream.headers).items() if "ratelimit" in k
         }
@@ -235,6 +238,7 @@ class CallBook:
                         {str(k): float(v) for k, v in (limits or {}).items()},
                         {str(k): float(v) for k, v in (remaining or {}).items()},
                         sent_at,
+                        counted_cache_reads,
                     )
                     if limited
                     else None

@@ -27,6 +27,10 @@ from planner.budgets import Budgets, TokenClass, header_classes
 from planner.classify import Classification, LimitType
 from planner.pacer import EVERY_BUCKET, PacerCore, classes_to_hold, hold_seconds
 
+# the gateway's own cache-counting verdict stands this long against the planner's pushed belief
+# (the planner adopts it at its next tick, 15 s; a planner that does not leaves it to lapse)
+VERDICT_HOLD_S = 120.0
+
 
 def token_class(alias: Alias) -> TokenClass:
     """OpenAI limits combined tokens (input + output); Anthropic input and output separately."""
@@ -50,6 +54,7 @@ class _AliasPacer:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     failure: str | None = None
+    recounted_at: float | None = None  # the gateway's own cache-counting verdict (its clock)
 
 
 class InProcessPacer:
@@ -103,6 +108,25 @@ class InProcessPacer:
         pacer = self._pacer(alias)
         pacer.core.set_old_tasks_first(on)
         pacer.changed.set()
+
+    def cached_input_counts(self, alias: str) -> bool:
+        """Whether the alias's pacer charges cache reads against its token budget."""
+        return self._pacer(alias).core.cached_input_counts
+
+    def recount(self, alias: str, counts: bool) -> None:
+        """The gateway's own verdict at a token 429 (``gateway.send_log``): pace with cache
+        reads counted or not at once. The planner adopts it at its next tick and pushes it
+        back; a sync before that does not undo it (``holds_own_verdict``)."""
+        pacer = self._pacer(alias)
+        pacer.core.cached_input_counts = counts
+        pacer.recounted_at = self._clock()
+        pacer.changed.set()
+
+    def holds_own_verdict(self, alias: str) -> bool:
+        """The gateway recounted the alias within ``VERDICT_HOLD_S``: the planner's belief
+        may not have caught up yet."""
+        at = self._pacer(alias).recounted_at
+        return at is not None and self._clock() - at < VERDICT_HOLD_S
 
     def observe_remaining(self, alias: str, remaining: Mapping[LimitType, float]) -> None:
         pacer = self._pacers.get(alias)

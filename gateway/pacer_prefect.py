@@ -217,7 +217,7 @@ class PrefectPacer(InProcessPacer):
                 self.set_budgets(alias.name, budgets)
             core = self._pacer(alias.name).core
             counts = await read_counting(alias)
-            if counts != core.cached_input_counts:
+            if counts != core.cached_input_counts and not self.holds_own_verdict(alias.name):
                 log.info(
                     "alias %s: pacing with cache reads %s",
                     alias.name,

@@ -49,6 +49,13 @@ class Pacer(Protocol):
         """The provider's rate-limit headers state what is left of its buckets (per limit
         type, as stated): no bucket of the alias's pacer holds more."""
 
+    def cached_input_counts(self, alias: str) -> bool:
+        """Whether the alias's pacer charges cache reads against its token budget."""
+
+    def recount(self, alias: str, counts: bool) -> None:
+        """The gateway's own verdict on whether the provider counts cache reads: pace so at
+        once (the planner adopts it at its next tick)."""
+
     def hold(self, alias: str, view: Classification | None = None) -> None:
         """A 429 left provider buckets empty without saying so (``view``: the 429's reading,
         see ``planner.pacer.classes_to_hold``; None: all of them): send nothing on those of

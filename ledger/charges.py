@@ -80,10 +80,13 @@ def counted_bucket(
     return BucketReading(observed_at, limit / 60.0, remaining, through), complete
 
 
-def throttled_bucket(conn: Connection, alias: str, token_class: TokenClass) -> BucketReading | None:
+def throttled_bucket(
+    conn: Connection, alias: str, token_class: TokenClass
+) -> tuple[BucketReading, bool] | None:
     """The first token 429 of ``alias``'s latest storm (``ledger.throttle_reading``), as a
-    reading of its counted token bucket: stated limit and remaining, at and charged through the
-    send of its attempt (None: no such 429 kept, or it stated no bucket of that class)."""
+    reading of its counted token bucket (stated limit and remaining, at and charged through the
+    send of its attempt), and whether the gateway judged it to say cache reads count (None: no
+    such 429 kept, or it stated no bucket of that class)."""
     raw = conn.execute(
         select(AliasObservation.limits).where(AliasObservation.alias == alias)
     ).scalar_one_or_none()
@@ -102,7 +105,7 @@ def throttled_bucket(conn: Connection, alias: str, token_class: TokenClass) -> B
     if limit is None or remaining is None:
         return None
     sent_at = reading.sent_at.timestamp()
-    return BucketReading(sent_at, limit / 60.0, remaining, sent_at)
+    return BucketReading(sent_at, limit / 60.0, remaining, sent_at), reading.gateway_counts
 
 
 def retries_sent_between(

@@ -34,6 +34,9 @@ class ThrottleReading:
     remaining: dict[str, float]
     sent_at: datetime
     last_at: datetime
+    # the gateway judged it at once (``gateway.send_log``): the provider counts the cache reads
+    # its pacer did not charge, and the pacer counts them since
+    gateway_counts: bool = False
 
     @classmethod
     def of_429(
@@ -42,11 +45,12 @@ class ThrottleReading:
         limits: dict[str, float],
         remaining: dict[str, float],
         sent_at: datetime,
+        gateway_counts: bool = False,
     ) -> ThrottleReading | None:
         """A 429's own reading (None: not a token limit's, or it states no remaining)."""
         if limit_type not in TOKEN_LIMIT_TYPES or not remaining or not limits:
             return None
-        return cls(limit_type, dict(limits), dict(remaining), sent_at, sent_at)
+        return cls(limit_type, dict(limits), dict(remaining), sent_at, sent_at, gateway_counts)
 
     def followed_by(self, later: ThrottleReading | None) -> ThrottleReading:
         """The reading kept once ``later`` (a later token 429's, or None) is seen: the later one
@@ -64,6 +68,7 @@ class ThrottleReading:
             "remaining": self.remaining,
             "sent_at": self.sent_at.timestamp(),
             "last_at": self.last_at.timestamp(),
+            "gateway_counts": self.gateway_counts,
         }
 
     @classmethod
@@ -81,6 +86,7 @@ class ThrottleReading:
             _numbers(raw.get("remaining")),
             datetime.fromtimestamp(sent_at, tz=UTC),
             datetime.fromtimestamp(last_at, tz=UTC),
+            raw.get("gateway_counts") is True,
         )
 
 

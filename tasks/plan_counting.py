@@ -20,7 +20,9 @@ blame reads drained rates (a 429 that names no limit), how fast each bucket was 
 tokens counted both ways, and flips the belief where those samples contradict it
 (``planner.drain_belief``), the token budget going to the limit they measured.
 
-A 429 of the counted class is judged too, once every call sent before it has been recorded:
+A 429 of the counted class that the gateway judged at once to say cache reads count (from what
+it sent: ``gateway.send_log``; its pacer counts them since) flips the belief at the next tick.
+One it did not is judged here too, once every call sent before it has been recorded:
 against the reading a tick took at most ``THROTTLE_SPAN_S`` before it
 (``planner.cache_counting.throttle_window``), where the belief is that cache reads do not count
 (that is the storm it ends). The served retries requested within ``RETRY_LOOKBACK_S`` before it
@@ -190,7 +192,11 @@ def advance(
         anchors.append(reading)
     horizon: float | None = None  # read once, and only when a span or a 429 could close
     judged_at = evidence.throttle_judged_at
-    throttled = None if believed else throttled_bucket(conn, alias, token_class)
+    kept = None if believed else throttled_bucket(conn, alias, token_class)
+    throttled, gateway_counts = kept if kept is not None else (None, False)
+    if throttled is not None and (judged_at is None or throttled.at > judged_at) and gateway_counts:
+        # the gateway judged it at the 429 from what it sent, and its pacer counts them since
+        return CountingEvidence(tuple(anchors[-1:]), throttle_judged_at=throttled.at), True
     if throttled is not None and (judged_at is None or throttled.at > judged_at):
         horizon = _complete_horizon(conn, alias, complete, now)
         if _sent_at(throttled) <= horizon:

@@ -54,11 +54,14 @@ def _full_bucket(eng: Engine, at: datetime) -> None:
     _observe(eng, {"observed_at": at, "status": 200, "headers": {}, "limits": limits})
 
 
-def _throttled(eng: Engine, sent: datetime, complete_before: datetime) -> None:
-    """A 429 of the input-token limit whose attempt was sent at ``sent``: the bucket empty."""
+def _throttled(
+    eng: Engine, sent: datetime, complete_before: datetime, gateway_counts: bool = False
+) -> None:
+    """A 429 of the input-token limit whose attempt was sent at ``sent``: the bucket empty
+    (``gateway_counts``: the gateway judged it to say cache reads count)."""
     at = sent + timedelta(seconds=0.5)
     reading = ThrottleReading.of_429(
-        "input_tokens", {"input_tokens": LIMIT}, {"input_tokens": 0.0}, sent
+        "input_tokens", {"input_tokens": LIMIT}, {"input_tokens": 0.0}, sent, gateway_counts
     )
     assert reading is not None
     limits = {
@@ -152,6 +155,24 @@ def test_a_429_is_judged_only_once_every_call_sent_before_it_is_recorded(
     assert _belief(plan_ledger)[0] is True
 
 
+def test_the_gateways_verdict_on_a_429_is_adopted_at_the_next_tick(plan_ledger: Engine) -> None:
+    """The gateway judged the 429 from what it sent (``gateway.send_log``) and its pacer counts
+    cache reads since: the tick adopts that at once, calls in flight or not, once."""
+    add_run(plan_ledger, running=5, queued=30, alias=ALIAS)
+    _full_bucket(plan_ledger, T0 - timedelta(seconds=1))
+    plan.plan_tick(T0, False)
+    _throttled(
+        plan_ledger,
+        T0 + timedelta(seconds=12),
+        complete_before=T0 + timedelta(seconds=2),
+        gateway_counts=True,
+    )
+    plan.plan_tick(T0 + timedelta(seconds=15), False)
+    counts, counting = _belief(plan_ledger)
+    assert counts is True and counting is not None
+    assert counting["throttle_judged_at"] == (T0 + timedelta(seconds=12)).timestamp()
+
+
 @pytest.mark.parametrize("retries", [1, 40])
 def test_served_retries_near_a_429_count_as_sent_in_its_span(
     plan_ledger: Engine, retries: int
@@ -211,8 +232,9 @@ def test_the_gateway_keeps_a_storms_first_429_through_the_storm_and_later_succes
     def kept(recorder: CallRecorder) -> float | None:
         asyncio.run(recorder.flush())
         with plan_ledger.connect() as conn:
-            reading = throttled_bucket(conn, ALIAS, "input")
+            kept = throttled_bucket(conn, ALIAS, "input")
             assert throttled_bucket(conn, ALIAS, "combined") is None  # not that class's bucket
+        reading = None if kept is None else kept[0]
         if reading is not None:
             assert reading.remaining == 0.0 and reading.limit_per_s == LIMIT / 60.0
             assert reading.charged_through == reading.at

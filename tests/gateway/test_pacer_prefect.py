@@ -177,6 +177,21 @@ def test_prefect_limits_are_the_source_of_truth(prefect_api: str) -> None:
                 while core.cached_input_counts:
                     assert time.monotonic() < deadline, "the inferred counting never arrived"
                     await asyncio.sleep(0.05)
+                # The gateway's own verdict at a token 429 (gateway.send_log): the pacer counts
+                # cache reads at once, and syncs do not undo it while the planner's belief (the
+                # variable, still False) has not caught up
+                pacer.recount(alias, True)
+                syncs = pacer.syncs
+                deadline = time.monotonic() + 3
+                while pacer.syncs < syncs + 2:
+                    assert time.monotonic() < deadline, "the pacer stopped syncing"
+                    await asyncio.sleep(0.05)
+                assert core.cached_input_counts is True
+                pacer._pacer(alias).recounted_at = None  # the hold lapsed: the planner's word
+                deadline = time.monotonic() + 3
+                while core.cached_input_counts:
+                    assert time.monotonic() < deadline, "the planner's belief never returned"
+                    await asyncio.sleep(0.05)
                 # The planner's queue order (no instance left, narrow durations): an
                 # output-bound queue goes in arrival order within a sync, and back.
                 assert core.old_tasks_first is True
