@@ -493,17 +493,19 @@ class Gateway:
             )
 
     def _judge_counting(self, call: Call, verdict: Classification, sent_at: float) -> bool:
-        """A storm's first token 429 against what was sent since a reading shortly before it
+        """A token 429 against what was sent since a reading shortly before it
         (``gateway.send_log``): where it says the provider counts the cache reads the pacer
         does not charge, the pacer counts them at once (the planner adopts the verdict, which
         the observation carries, at its next tick). True when it flipped the pacer."""
+        alias = call.alias.name
         if verdict.limit_type not in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
             return False
-        alias = call.alias.name
-        window = self.sends.storm_window(
+        if self.pacer.cached_input_counts(alias):
+            return False
+        window = self.sends.window_at(
             alias, sent_at, verdict.limits, verdict.remaining, token_class(call.alias)
         )
-        if window is None or self.pacer.cached_input_counts(alias):
+        if window is None:
             return False
         if not infer_cached_input_counts([window], believed=False):
             return False

@@ -7,9 +7,11 @@ fraction of it, and each second the pacer goes on not charging them is a second 
 The planner tick can judge it only once every call sent before it is in the ledger, a minute
 later with slow calls; the gateway knows at the 429 what it sent. So it keeps, per alias, each
 attempt it sent (when, and once answered, the usage the provider reported; a rejected one is
-charged nothing) and the counted bucket each success's headers stated, and at the first token
-429 of a storm (``ledger.throttle_reading``) it judges the span from the earliest reading
-within ``THROTTLE_SPAN_S`` before it. An attempt still in flight counts all its input as
+charged nothing) and the counted bucket each success's headers stated, and at each token 429
+(at most one per ``JUDGE_EVERY_S``) it judges the span from the earliest reading within
+``THROTTLE_SPAN_S`` before it: it knows when every attempt went out, retries too, so a 429 deep
+in a storm says as much as its first (which may find too little sent since a reading to say
+anything). An attempt still in flight counts all its input as
 uncached: its usage is not known yet, and the pacer's split (the previous prompt as cache
 reads) is a guess that a cache miss proves wrong; over-stating what was sent only makes
 "cache reads count" harder to conclude. Times are the gateway's clock (epoch seconds).
@@ -24,7 +26,6 @@ from dataclasses import dataclass, field
 
 from planner.budgets import BudgetClass, TokenClass, header_classes
 from planner.cache_counting import (
-    STORM_GAP_S,
     THROTTLE_SPAN_S,
     BucketReading,
     ChargeWindow,
@@ -32,9 +33,10 @@ from planner.cache_counting import (
 )
 from planner.classify import LimitType
 
-__all__ = ["KEEP_S", "SendLog"]
+__all__ = ["JUDGE_EVERY_S", "KEEP_S", "SendLog"]
 
 KEEP_S = 120.0  # attempts and readings kept this long (a span reaches THROTTLE_SPAN_S back)
+JUDGE_EVERY_S = 1.0  # token 429s judged at most this often per alias (a storm brings hundreds)
 _IN_FLIGHT = -1.0
 
 
@@ -51,7 +53,7 @@ class _Attempt:
 class _AliasLog:
     attempts: dict[int, _Attempt] = field(default_factory=dict)  # in send order
     readings: deque[BucketReading] = field(default_factory=deque)
-    storm_last: float = float("-inf")
+    judged_at: float = float("-inf")
 
 
 class SendLog:
@@ -102,7 +104,7 @@ class SendLog:
         log.readings.append(reading)
         self._trim(log, at)
 
-    def storm_window(
+    def window_at(
         self,
         alias: str,
         at: float,
@@ -110,16 +112,15 @@ class SendLog:
         remaining: Mapping[LimitType, float],
         token_class: TokenClass,
     ) -> ChargeWindow | None:
-        """A token 429 of an attempt sent at ``at`` stated the buckets: where it is the first
-        of a storm, the span from the earliest reading within ``THROTTLE_SPAN_S`` before it,
-        with what was sent in it (None: a storm's later 429, no such reading, or no bucket of
-        the counted class stated)."""
+        """A token 429 of an attempt sent at ``at`` stated the buckets: the span from the
+        earliest reading within ``THROTTLE_SPAN_S`` before it, with what was sent in it (None:
+        within ``JUDGE_EVERY_S`` of the last one judged, no such reading, or no bucket of the
+        counted class stated)."""
         log = self._aliases.setdefault(alias, _AliasLog())
-        first = at - log.storm_last >= STORM_GAP_S
-        log.storm_last = max(log.storm_last, at)
         throttled = _counted(at, limits, remaining, token_class)
-        if not first or throttled is None:
+        if throttled is None or at - log.judged_at < JUDGE_EVERY_S:
             return None
+        log.judged_at = at
         start = next(
             (
                 r

@@ -54,12 +54,18 @@ class ThrottleReading:
 
     def followed_by(self, later: ThrottleReading | None) -> ThrottleReading:
         """The reading kept once ``later`` (a later token 429's, or None) is seen: the later one
-        after a quiet ``STORM_GAP_S`` (a new storm), else this one, its storm extended."""
+        after a quiet ``STORM_GAP_S`` (a new storm), else this one, its storm extended (and
+        judged by the gateway to say cache reads count where any of its 429s was)."""
         if later is None:
             return self
         if (later.sent_at - self.last_at).total_seconds() >= STORM_GAP_S:
             return later
-        return replace(self, last_at=max(self.last_at, later.sent_at))
+        # the gateway's verdict on any 429 of the storm is the storm's
+        return replace(
+            self,
+            last_at=max(self.last_at, later.sent_at),
+            gateway_counts=self.gateway_counts or later.gateway_counts,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -19,6 +19,13 @@ been answered, against the tick's reading at most ``THROTTLE_SPAN_S`` before it
 where they were admitted; those accepted after a rejection (retries: the gateway's ledger does not
 keep when their last attempt went out) count as sent in the span wherever they were first
 admitted within ``RETRY_LOOKBACK_S`` before the 429.
+
+The gateway judges token 429s at once (``gateway.send_log``): ``throttled`` returns the span
+from the earliest reading within ``THROTTLE_SPAN_S`` before a 429 (at most one per
+``JUDGE_EVERY_S``; readings are the ticks' and, at most one per ``JUDGE_EVERY_S``, the
+successes' headers, ``read``), with the calls admitted in it that the provider accepted:
+answered ones at their tokens, ones still in flight at all their input as uncached (the gateway
+does not know their usage yet).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from gateway.send_log import JUDGE_EVERY_S, KEEP_S
 from planner.cache_counting import (
     RETRY_LOOKBACK_S,
     STORM_GAP_S,
@@ -60,6 +68,11 @@ class ChargeTracker:
         # each call in flight (admitted, neither answered nor rejected) by its last admission,
         # oldest first
         self._in_flight: dict[int, float] = {}
+        self._in_flight_input: dict[int, float] = {}  # their whole input (base + cached)
+        # (admitted at, base, cached) of the calls accepted, answered: the gateway's send log
+        self._answered: deque[tuple[float, float, float]] = deque()
+        self._readings: deque[BucketReading] = deque()  # the successes' headers
+        self._gateway_judged = -math.inf
         self.windows: deque[ChargeWindow] = deque(maxlen=KEEP)
         self.dips: deque[ChargeWindow] = deque(maxlen=KEEP)
 
@@ -68,22 +81,60 @@ class ChargeTracker:
         again, and the provider charges its last admission)."""
         self._in_flight.pop(call, None)  # re-inserted: the dict stays in admission order
         self._in_flight[call] = at
+        self._in_flight_input[call] = base + cached
         self._first_admitted.setdefault(call, at)
 
     def rejected(self, call: int) -> None:
         """The provider rejected the call: it charged no tokens for it (until it is admitted
         again)."""
         self._in_flight.pop(call, None)
+        self._in_flight_input.pop(call, None)
         self._retried.add(call)
 
-    def throttled(self, at: float, limit_per_minute: float, remaining: float) -> None:
-        """A 429 of the counted class stated its bucket: kept when it starts a storm."""
+    def read(self, at: float, limit_per_minute: float, remaining: float) -> None:
+        """A success's headers stated the counted bucket (the gateway's reading)."""
+        if self._readings and at - self._readings[-1].at < JUDGE_EVERY_S:
+            return
+        self._readings.append(BucketReading(at, limit_per_minute / 60.0, remaining))
+        while self._readings and self._readings[0].at < at - KEEP_S:
+            self._readings.popleft()
+
+    def throttled(
+        self, at: float, limit_per_minute: float, remaining: float
+    ) -> ChargeWindow | None:
+        """A 429 of the counted class stated its bucket: kept for the tick when it starts a
+        storm (``judge_throttle``); returns the span the gateway judges at once (module
+        docstring; None: within ``JUDGE_EVERY_S`` of the last, or no reading before it)."""
+        throttled = BucketReading(at, limit_per_minute / 60.0, remaining)
         if self._throttled is None or at - self._storm_last >= STORM_GAP_S:
-            self._throttled = BucketReading(at, limit_per_minute / 60.0, remaining)
+            self._throttled = throttled
         self._storm_last = max(self._storm_last, at)
+        if at - self._gateway_judged < JUDGE_EVERY_S:
+            return None
+        self._gateway_judged = at
+        start = self._start_of(throttled, [*self._readings, *self._snapshots])
+        if start is None:
+            return None
+        in_flight = [
+            (sent, self._in_flight_input[call], 0.0)
+            for call, sent in self._in_flight.items()
+            if call in self._in_flight_input
+        ]
+        return throttle_window(start, throttled, [*self._answered, *in_flight])
+
+    @staticmethod
+    def _start_of(throttled: BucketReading, readings: list[BucketReading]) -> BucketReading | None:
+        """The earliest reading within ``THROTTLE_SPAN_S`` before a 429's, of its limit."""
+        inside = [
+            r
+            for r in readings
+            if throttled.at - THROTTLE_SPAN_S <= r.at < throttled.at
+            and r.limit_per_s == throttled.limit_per_s
+        ]
+        return min(inside, key=lambda r: r.at, default=None)
 
     def judge_throttle(self, now: float) -> ChargeWindow | None:
-        """The kept 429's span (``planner.cache_counting.throttle_window``), once, when every
+        """The tick's judgement: the kept 429's span (``planner.cache_counting.throttle_window``), once, when every
         call admitted before it has been answered; None before that, once judged, and when no
         tick's reading is within ``THROTTLE_SPAN_S`` before it."""
         throttled = self._throttled
@@ -92,15 +143,7 @@ class ChargeTracker:
         if throttled.at > self.complete_before(now):
             return None
         self._judged_at = throttled.at
-        start = next(
-            (
-                s
-                for s in self._snapshots
-                if throttled.at - THROTTLE_SPAN_S <= s.at < throttled.at
-                and s.limit_per_s == throttled.limit_per_s
-            ),
-            None,
-        )
+        start = self._start_of(throttled, list(self._snapshots))
         if start is None:
             return None
         since = start.at - RETRY_LOOKBACK_S
@@ -112,7 +155,9 @@ class ChargeTracker:
         """A call the provider accepted at ``now``: ``base`` counts either way, ``cached`` are
         cache reads; attributed to its last admission."""
         at = self._in_flight.pop(call, now)
+        self._in_flight_input.pop(call, None)
         self._sent.append((at, base, cached))
+        self._answered.append((at, base, cached))
         first = self._first_admitted.pop(call, at)
         if call in self._retried:
             self._retried.discard(call)
@@ -120,7 +165,7 @@ class ChargeTracker:
         else:
             self._first_tries.append((at, base, cached))
         # answered out of admission order: trimmed with a lookback of slack
-        for kept in (self._first_tries, self._retries):
+        for kept in (self._first_tries, self._retries, self._answered):
             while kept and kept[0][0] < now - 2 * RETRY_LOOKBACK_S:
                 kept.popleft()
 

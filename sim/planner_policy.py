@@ -15,10 +15,12 @@ the window: ``planner.retry_evidence``).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
+from gateway.send_log import JUDGE_EVERY_S
 from planner.budgets import (
     BudgetClass,
     Budgets,
@@ -169,6 +171,7 @@ class PlannerPolicy:
             self.charges.admitted(call, now, self._base[call], self._cached[call])
 
         self._pacer_gate.on_admit = _on_admit
+        self._last_read = -math.inf  # the last success whose headers the tracker read
         self._rejected: set[int] = set()  # calls that drew a 429 (their retries' add nothing)
         # the window's retries' 429 types, and whether a call's first 429 came in it
         self._retried_429s: set[LimitType] = set()
@@ -200,6 +203,12 @@ class PlannerPolicy:
                 while events and events[0][0] < now - LOOKBACK_S - DRAIN_TRIM_SLACK_S:
                     events.popleft()
             self._answered += 1
+            if now - self._last_read >= JUDGE_EVERY_S:
+                # the gateway reads every success's headers; once a second is what it judges by
+                self._last_read = now
+                limit, remaining = self._counted_view(self.headers_now(now))
+                if limit is not None and remaining is not None:
+                    self.charges.read(now, limit, remaining)
             # rule 8's evidence: the largest call accepted in the window, tokens counted both
             # ways (the tick reads the belief it holds then)
             for counts in (True, False):
@@ -215,8 +224,15 @@ class PlannerPolicy:
         if classification.limit_type in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
             limit, remaining = self._counted_view(classification)
             if limit is not None and remaining is not None:
-                # judged at a tick, once every call admitted before it is answered
-                self.charges.throttled(now, limit, remaining)
+                # the gateway judges it at once (gateway.send_log); the tick judges a
+                # storm's first too, once every call admitted before it is answered
+                window = self.charges.throttled(now, limit, remaining)
+                if (
+                    window is not None
+                    and not self.counting.cached_input_counts
+                    and infer_cached_input_counts([window], believed=False)
+                ):
+                    self._recount(True, now)
         if classification.remaining:
             # the provider's buckets are emptier than ours: retries must not storm them
             self._observe_remaining(classification, now)

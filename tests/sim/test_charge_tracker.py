@@ -73,22 +73,34 @@ def test_a_429_is_judged_from_the_last_half_minute_once_its_calls_are_answered()
             call += 1
     tracker.admitted(999, 100.0, base=2_000.0, cached=8_000.0)
     tracker.rejected(999)  # a 429 at 100 s, retried and accepted at 115 s
-    tracker.throttled(110.0, LIMIT_PER_MINUTE, 0.0)
-    tracker.throttled(112.0, LIMIT_PER_MINUTE, 0.0)  # the storm's next 429: the first is kept
+    tracker.admitted(1000, 108.0, base=2_000.0, cached=8_000.0)  # answered only at 125 s
+    # the gateway judges it at once: the 15 calls answered at their tokens, the one in flight
+    # at all its input uncached, the rejected one at nothing
+    at_once = tracker.throttled(110.0, LIMIT_PER_MINUTE, 0.0)
+    assert at_once is not None and at_once.span_s == pytest.approx(20.0)
+    assert at_once.base == pytest.approx(15 * 2_000.0 + 10_000.0)
+    assert at_once.cached == pytest.approx(15 * 8_000.0)
+    # the storm's next 429s: the tick keeps the first; the gateway judges one a second
+    assert tracker.throttled(110.5, LIMIT_PER_MINUTE, 0.0) is None
+    assert tracker.throttled(112.0, LIMIT_PER_MINUTE, 0.0) is not None
     tracker.admitted(999, 115.0, base=2_000.0, cached=8_000.0)
     tracker.sent(999, 116.0, base=2_000.0, cached=8_000.0)
+    tracker.sent(1000, 125.0, base=2_000.0, cached=8_000.0)
     assert tracker.judge_throttle(120.0) is None  # call 0 is still in flight
     tracker.sent(0, 130.0, base=100.0, cached=0.0)
     window = tracker.judge_throttle(135.0)
     assert window is not None
     assert window.span_s == pytest.approx(20.0) and window.span_s <= THROTTLE_SPAN_S
-    # the ticks at 90 and 105 s sent 15 calls before 110 s, and the retry
-    assert window.base == pytest.approx(16 * 2_000.0)
-    assert window.cached == pytest.approx(16 * 8_000.0)
+    # the ticks at 90 and 105 s sent 15 calls before 110 s, then call 1000, and the retry
+    assert window.base == pytest.approx(17 * 2_000.0)
+    assert window.cached == pytest.approx(17 * 8_000.0)
     assert tracker.judge_throttle(150.0) is None  # judged once
-    tracker.throttled(160.0, LIMIT_PER_MINUTE, 0.0)  # the storm goes on: nothing new
+    # the storm goes on (the tick has nothing new to judge), with no reading in the half
+    # minute before it for the gateway
+    assert tracker.throttled(160.0, LIMIT_PER_MINUTE, 0.0) is None
     assert tracker.judge_throttle(165.0) is None
-    tracker.throttled(230.0, LIMIT_PER_MINUTE, 0.0)  # a quiet minute since 160 s: a new storm
     tracker.observe(225.0, LIMIT_PER_MINUTE, LIMIT_PER_MINUTE)
+    # a quiet minute since 160 s: a new storm, judged at once from the reading at 225 s
+    assert tracker.throttled(230.0, LIMIT_PER_MINUTE, 0.0) is not None
     again = tracker.judge_throttle(240.0)
     assert again is not None and again.span_s == pytest.approx(5.0)
