@@ -7,13 +7,11 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
   a time has been answered and recorded: a span of requests ending by then is complete.
 * ``sent_between``: the tokens of the calls the provider accepted, requested in a span, split
   into what counts either way (uncached input, plus output for a combined limit) and cache
-  reads.
+  reads; or of the served retries alone (a span's calls sent at times the ledger does not keep).
 * ``calls_sent_between``: the same calls one by one, with when each was sent upstream (its
   request plus its pacer wait), for the dip of a reading (``planner.cache_counting.dip_window``).
 * ``throttled_bucket``: the first token 429 of the latest storm, as a reading of the counted
   token bucket (empty, at the 429).
-* ``retries_sent_between``: the tokens of the served retries requested in a span (their last
-  attempts went out at times the ledger does not keep).
 * ``longest_recent_wait``: the longest time from a call's request to its answer (pacer wait plus
   latency) over a recent look-back: how long a span waits for its calls when the gateway's
   observation does not say (one written by an older gateway).
@@ -23,7 +21,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import ColumnElement, Connection, func, select
 
 from ledger.clock import as_utc
 from ledger.models import (
@@ -44,7 +42,6 @@ __all__ = [
     "calls_sent_between",
     "counted_bucket",
     "longest_recent_wait",
-    "retries_sent_between",
     "sent_between",
     "throttled_bucket",
 ]
@@ -108,29 +105,6 @@ def throttled_bucket(
     return BucketReading(sent_at, limit / 60.0, remaining, sent_at), reading.gateway_counts
 
 
-def retries_sent_between(
-    conn: Connection, alias: str, start: datetime, end: datetime, token_class: TokenClass
-) -> tuple[float, float]:
-    """(base, cache reads) of the served retries of ``alias`` requested in [start, end): their
-    last attempts went out after waits the ledger does not keep, at times unknown."""
-    base = LlmCall.input_tokens - LlmCall.cached_input_tokens
-    if token_class == "combined":
-        base = base + LlmCall.output_tokens
-    row = conn.execute(
-        select(
-            func.coalesce(func.sum(base), 0),
-            func.coalesce(func.sum(LlmCall.cached_input_tokens), 0),
-        ).where(
-            LlmCall.alias == alias,
-            LlmCall.status.in_(SERVED_STATUSES),
-            LlmCall.retry.is_(True),
-            LlmCall.requested_at >= start,
-            LlmCall.requested_at < end,
-        )
-    ).one()
-    return float(row[0]), float(row[1])
-
-
 def _epoch(value: object) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
@@ -138,24 +112,41 @@ def _epoch(value: object) -> float | None:
 
 
 def sent_between(
-    conn: Connection, alias: str, start: datetime, end: datetime, token_class: TokenClass
+    conn: Connection,
+    alias: str,
+    start: datetime,
+    end: datetime,
+    token_class: TokenClass,
+    *,
+    retries_only: bool = False,
 ) -> tuple[float, float]:
-    """(base, cache reads) of the accepted calls of ``alias`` requested in [start, end)."""
+    """(base, cache reads) of the accepted calls of ``alias`` requested in [start, end);
+    ``retries_only``: of the served retries alone (their last attempts went out after waits the
+    ledger does not keep, at times unknown)."""
+    conditions = [
+        LlmCall.alias == alias,
+        LlmCall.status.in_(SERVED_STATUSES),
+        LlmCall.requested_at >= start,
+        LlmCall.requested_at < end,
+    ]
+    if retries_only:
+        conditions.append(LlmCall.retry.is_(True))
+    row = conn.execute(
+        select(
+            func.coalesce(func.sum(_counted_base(token_class)), 0),
+            func.coalesce(func.sum(LlmCall.cached_input_tokens), 0),
+        ).where(*conditions)
+    ).one()
+    return float(row[0]), float(row[1])
+
+
+def _counted_base(token_class: TokenClass) -> ColumnElement[int]:
+    """A call's tokens that count whatever the belief: uncached input (and output for a
+    combined limit)."""
     base = LlmCall.input_tokens - LlmCall.cached_input_tokens
     if token_class == "combined":
         base = base + LlmCall.output_tokens
-    row = conn.execute(
-        select(
-            func.coalesce(func.sum(base), 0),
-            func.coalesce(func.sum(LlmCall.cached_input_tokens), 0),
-        ).where(
-            LlmCall.alias == alias,
-            LlmCall.status.in_(SERVED_STATUSES),
-            LlmCall.requested_at >= start,
-            LlmCall.requested_at < end,
-        )
-    ).one()
-    return float(row[0]), float(row[1])
+    return base
 
 
 def calls_sent_between(
@@ -165,11 +156,13 @@ def calls_sent_between(
     [start, end); sent at: epoch seconds of the request plus its pacer wait. A retried call's
     last attempt went out after waits the ledger does not keep: it is left out (what is sent
     is then under-stated, which can only keep the belief that cache reads count)."""
-    base = LlmCall.input_tokens - LlmCall.cached_input_tokens
-    if token_class == "combined":
-        base = base + LlmCall.output_tokens
     rows = conn.execute(
-        select(LlmCall.requested_at, LlmCall.pacer_wait_s, base, LlmCall.cached_input_tokens).where(
+        select(
+            LlmCall.requested_at,
+            LlmCall.pacer_wait_s,
+            _counted_base(token_class),
+            LlmCall.cached_input_tokens,
+        ).where(
             LlmCall.alias == alias,
             LlmCall.status.in_(SERVED_STATUSES),
             LlmCall.retry.is_(False),

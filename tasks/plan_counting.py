@@ -45,7 +45,6 @@ from ledger.charges import (
     calls_sent_between,
     counted_bucket,
     longest_recent_wait,
-    retries_sent_between,
     sent_between,
     throttled_bucket,
 )
@@ -290,7 +289,7 @@ def _throttle_window(
         return None
     since, until = _utc(_sent_at(start) - RETRY_LOOKBACK_S), _utc(end)
     sent = calls_sent_between(conn, alias, since, until, token_class)
-    retries = retries_sent_between(conn, alias, since, until, token_class)
+    retries = sent_between(conn, alias, since, until, token_class, retries_only=True)
     return throttle_window(start, throttled, sent, retries)
 
 
