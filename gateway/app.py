@@ -480,12 +480,13 @@ class Gateway:
         """A success's rate-limit headers say what is left of the provider's buckets: the
         pacer holds no more (a limit that dropped, or other users of the key, show here first),
         and the send log keeps the counted bucket for judging a token 429 (``_judge_counting``)."""
-        stated = parse_rate_limit_headers(upstream.headers, now_epoch=self._clock())
+        now = self._clock()
+        stated = parse_rate_limit_headers(upstream.headers, now_epoch=now)
         if stated.remaining:
             self.pacer.observe_remaining(call.alias.name, stated.remaining)
             self.sends.read(
                 call.alias.name,
-                self._clock(),
+                now,
                 sent_at,
                 stated.limits,
                 stated.remaining,

@@ -343,8 +343,9 @@ class PlannerPolicy:
         return limits.get(BudgetClass.TOKENS), left.get(BudgetClass.TOKENS)
 
     def _judge_throttle(self, now: float) -> None:
-        """The latest token 429's empty bucket against the belief that cache reads do not
-        count (``ChargeTracker.judge_throttle``, as the planner tick judges the gateway's)."""
+        """A storm's first token 429 against the belief that cache reads do not count, once
+        its calls are answered (``ChargeTracker.judge_throttle``, as the planner tick judges
+        the one the gateway's recorder keeps)."""
         if self.counting.cached_input_counts:
             return
         window = self.charges.judge_throttle(now)
