@@ -57,10 +57,9 @@ class ChargeTracker:
         # the first admission of each call not yet answered, and the calls rejected since
         self._first_admitted: dict[int, float] = {}
         self._retried: set[int] = set()
-        # (admitted at, base, cached) of the calls accepted at their first attempt, and (first
-        # admitted at, base, cached) of those accepted after a rejection, over RETRY_LOOKBACK_S
-        self._first_tries: deque[tuple[float, float, float]] = deque()
-        self._retries: deque[tuple[float, float, float]] = deque()
+        # the calls accepted, answered (the gateway's send log and the ledger): (admitted at,
+        # first admitted at, whether a rejection came before, base, cached)
+        self._answered: deque[tuple[float, float, bool, float, float]] = deque()
         # the first 429 of the latest storm, when the storm's last came, the last one judged
         self._throttled: BucketReading | None = None
         self._storm_last = -math.inf
@@ -69,8 +68,6 @@ class ChargeTracker:
         # oldest first
         self._in_flight: dict[int, float] = {}
         self._in_flight_input: dict[int, float] = {}  # their whole input (base + cached)
-        # (admitted at, base, cached) of the calls accepted, answered: the gateway's send log
-        self._answered: deque[tuple[float, float, float]] = deque()
         self._readings: deque[BucketReading] = deque()  # the successes' headers
         self._gateway_judged = -math.inf
         self.windows: deque[ChargeWindow] = deque(maxlen=KEEP)
@@ -120,7 +117,8 @@ class ChargeTracker:
             for call, sent in self._in_flight.items()
             if call in self._in_flight_input
         ]
-        return throttle_window(start, throttled, [*self._answered, *in_flight])
+        answered = [(at, b, c) for at, _, _, b, c in self._answered]
+        return throttle_window(start, throttled, [*answered, *in_flight])
 
     @staticmethod
     def _start_of(throttled: BucketReading, readings: list[BucketReading]) -> BucketReading | None:
@@ -147,9 +145,14 @@ class ChargeTracker:
         if start is None:
             return None
         since = start.at - RETRY_LOOKBACK_S
-        retries = [(b, c) for first, b, c in self._retries if since <= first < throttled.at]
+        first_tries = [(at, b, c) for at, _, retried, b, c in self._answered if not retried]
+        retries = [
+            (b, c)
+            for _, first, retried, b, c in self._answered
+            if retried and since <= first < throttled.at
+        ]
         unplaced = (sum(b for b, _ in retries), sum(c for _, c in retries))
-        return throttle_window(start, throttled, list(self._first_tries), unplaced)
+        return throttle_window(start, throttled, first_tries, unplaced)
 
     def sent(self, call: int, now: float, base: float, cached: float) -> None:
         """A call the provider accepted at ``now``: ``base`` counts either way, ``cached`` are
@@ -157,17 +160,13 @@ class ChargeTracker:
         at = self._in_flight.pop(call, now)
         self._in_flight_input.pop(call, None)
         self._sent.append((at, base, cached))
-        self._answered.append((at, base, cached))
         first = self._first_admitted.pop(call, at)
-        if call in self._retried:
-            self._retried.discard(call)
-            self._retries.append((first, base, cached))
-        else:
-            self._first_tries.append((at, base, cached))
+        retried = call in self._retried
+        self._retried.discard(call)
+        self._answered.append((at, first, retried, base, cached))
         # answered out of admission order: trimmed with a lookback of slack
-        for kept in (self._first_tries, self._retries, self._answered):
-            while kept and kept[0][0] < now - 2 * RETRY_LOOKBACK_S:
-                kept.popleft()
+        while self._answered and self._answered[0][0] < now - 2 * RETRY_LOOKBACK_S:
+            self._answered.popleft()
 
     def complete_before(self, now: float) -> float:
         """Every call admitted before this has been answered or rejected."""
