@@ -30,7 +30,7 @@ from ledger.models import (
     AliasObservation,
     LlmCall,
 )
-from ledger.throttle_reading import ThrottleReading
+from ledger.throttle_reading import ThrottleReading, numeric_entries
 from planner.classify import parse_rate_limit_headers
 
 log = logging.getLogger(__name__)
@@ -95,12 +95,7 @@ class _Throttle:
         if row is None:
             return cls(None, None, {})
         stored = row.limits if isinstance(row.limits, dict) else {}
-        raw = stored.get(THROTTLE_LIMITS_KEY)
-        limits = {
-            str(k): float(v)
-            for k, v in (raw.items() if isinstance(raw, dict) else ())
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
+        limits = numeric_entries(stored.get(THROTTLE_LIMITS_KEY))
         reading = ThrottleReading.from_json(stored.get(THROTTLE_READING_KEY))
         return cls(row.last_limit_type, row.last_limited_at, limits, reading)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from planner.cache_counting import STORM_GAP_S
 
-__all__ = ["TOKEN_LIMIT_TYPES", "ThrottleReading"]
+__all__ = ["TOKEN_LIMIT_TYPES", "ThrottleReading", "numeric_entries"]
 
 # the 429s whose stated remaining is a token bucket (the counted input or combined class)
 TOKEN_LIMIT_TYPES = ("tokens", "input_tokens")
@@ -88,8 +88,8 @@ class ThrottleReading:
             return None
         return cls(
             limit_type,
-            _numbers(raw.get("limits")),
-            _numbers(raw.get("remaining")),
+            numeric_entries(raw.get("limits")),
+            numeric_entries(raw.get("remaining")),
             datetime.fromtimestamp(sent_at, tz=UTC),
             datetime.fromtimestamp(last_at, tz=UTC),
             raw.get("gateway_counts") is True,
@@ -100,7 +100,7 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _numbers(raw: object) -> dict[str, float]:
+def numeric_entries(raw: object) -> dict[str, float]:
     """The numeric entries of a JSON object (anything else: none)."""
     if not isinstance(raw, dict):
         return {}

@@ -193,10 +193,10 @@ def advance(
     judged_at = evidence.throttle_judged_at
     kept = None if believed else throttled_bucket(conn, alias, token_class)
     throttled, gateway_counts = kept if kept is not None else (None, False)
-    if throttled is not None and (judged_at is None or throttled.at > judged_at) and gateway_counts:
-        # the gateway judged it at the 429 from what it sent, and its pacer counts them since
-        return CountingEvidence(tuple(anchors[-1:]), throttle_judged_at=throttled.at), True
     if throttled is not None and (judged_at is None or throttled.at > judged_at):
+        if gateway_counts:
+            # the gateway judged it at the 429 from what it sent, and its pacer counts them since
+            return CountingEvidence(tuple(anchors[-1:]), throttle_judged_at=throttled.at), True
         horizon = _complete_horizon(conn, alias, complete, now)
         if _sent_at(throttled) <= horizon:
             judged_at = throttled.at
