@@ -110,6 +110,16 @@ class Settings(BaseSettings):
         description="How much the launch ramp lets an alias's fleet grow per planner tick "
         "(see planner_launch_ramp_floor; a floor above any fleet turns the ramp off).",
     )
+    planner_old_first_min_spread: float = Field(
+        default=1.7,
+        ge=1.0,
+        le=100.0,
+        description="Once an alias has no instance left to launch, its pacer keeps putting old "
+        "tasks' calls first under an output-token limit only if the harness curve's task "
+        "durations spread at least this much (90th over 50th percentile); narrower, an old task "
+        "is nearly done and calls go in arrival order, so the young tasks the run ends on are "
+        "not stretched.",
+    )
     supervisor_tick_s: float = Field(
         default=30.0, ge=1.0, le=600.0, description="Seconds between supervisor ticks."
     )

@@ -26,7 +26,6 @@ from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable, Permit
 from planner.budgets import Budgets, TokenClass, header_classes
 from planner.classify import Classification, LimitType
 from planner.pacer import EVERY_BUCKET, PacerCore, classes_to_hold, hold_seconds
-from planner.remaining_life import RemainingLife
 
 # the gateway's own cache-counting verdict stands this long against the planner's pushed belief
 # (the planner adopts it at its next tick, 15 s; a planner that does not leaves it to lapse)
@@ -108,12 +107,6 @@ class InProcessPacer:
         """The queue order under an output limit (``PacerCore.set_old_tasks_first``)."""
         pacer = self._pacer(alias)
         pacer.core.set_old_tasks_first(on)
-        pacer.changed.set()
-
-    def set_remaining_life(self, alias: str, table: RemainingLife | None) -> None:
-        """The expected-finish order's table (``PacerCore.set_remaining_life``)."""
-        pacer = self._pacer(alias)
-        pacer.core.set_remaining_life(table)
         pacer.changed.set()
 
     def cached_input_counts(self, alias: str) -> bool:

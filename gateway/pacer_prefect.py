@@ -22,10 +22,7 @@ operator or the planner set); ``push_budgets`` upserts them (the planner's write
 provider counts cache reads against its token limit is the alias config's belief until the
 planner infers otherwise from the provider's headers (``planner.cache_counting``); it then
 writes the Prefect variable ``evalfleet-pacer-<alias>-cached-input-counts``, which each sync
-applies to the local pacer. The queue order the planner last decided (old tasks first while
-instances are queued; then by expected finish, from the curve's remaining life) is the
-variable ``evalfleet-pacer-<alias>-queue-order`` (``QueueOrder``); a malformed one is logged
-and the default order kept.
+applies to the local pacer.
 
 Limits of this design: one gateway process per alias (several gateways would each pace at the
 full budget); the limits' active slots are not mirrored, so the UI shows budgets, not usage.
@@ -34,7 +31,6 @@ full budget); the limits' active slots are not mirrored, so the UI shows budgets
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -45,12 +41,10 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.variables import Variable
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gateway.aliases import Alias, Aliases
 from gateway.pacer_local import InProcessPacer, seed_budgets
 from planner.budgets import Budgets
-from planner.remaining_life import RemainingLife
 
 log = logging.getLogger(__name__)
 
@@ -110,35 +104,10 @@ def counting_variable(alias: str) -> str:
     return f"evalfleet-pacer-{alias}-cached-input-counts"
 
 
-def queue_order_variable(alias: str) -> str:
-    """The Prefect variable holding the alias's pacer queue order as the planner last decided
-    it (``QueueOrder``; absent: old tasks first, no remaining-life table)."""
-    return f"evalfleet-pacer-{alias}-queue-order"
-
-
-class QueueOrder(BaseModel):
-    """The queue order the planner pushes to a gateway (``planner.pacer``): whether an old
-    task's call goes first under an output limit (``Decision.old_tasks_first``) and, for when
-    it does not, a task's expected remaining life by age as ``[[age_s, remaining_s], ...]``
-    (``planner.remaining_life.RemainingLife.as_pairs``; None: arrival order)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-    old_tasks_first: bool = True
-    remaining_life: tuple[tuple[float, float], ...] | None = None
-
-    @classmethod
-    def of(cls, old_tasks_first: bool, table: RemainingLife | None) -> QueueOrder:
-        pairs = None if table is None else tuple(zip(table.ages_s, table.remaining_s, strict=True))
-        return cls(old_tasks_first=old_tasks_first, remaining_life=pairs)
-
-    def table(self) -> RemainingLife | None:
-        """The remaining-life table (ValueError when its ages or values are malformed)."""
-        if self.remaining_life is None:
-            return None
-        return RemainingLife(
-            tuple(a for a, _ in self.remaining_life), tuple(r for _, r in self.remaining_life)
-        )
+def old_first_variable(alias: str) -> str:
+    """The Prefect variable holding whether the alias's pacer puts old tasks' calls first under
+    an output limit, as the planner last decided (``Decision.old_tasks_first``; absent: yes)."""
+    return f"evalfleet-pacer-{alias}-old-tasks-first"
 
 
 async def push_budgets(
@@ -146,7 +115,7 @@ async def push_budgets(
     budgets: Budgets,
     *,
     cached_input_counts: bool | None = None,
-    queue_order: QueueOrder | None = None,
+    old_tasks_first: bool | None = None,
 ) -> None:
     """Write budgets to the alias's limits (create or update: the planner's tick), and the
     cache-counting belief and the queue order when given."""
@@ -156,10 +125,8 @@ async def push_budgets(
             await client.upsert_global_concurrency_limit_by_name(names[field], limit, decay)
     if cached_input_counts is not None:
         await Variable.aset(counting_variable(alias.name), cached_input_counts, overwrite=True)
-    if queue_order is not None:
-        await Variable.aset(
-            queue_order_variable(alias.name), queue_order.model_dump(mode="json"), overwrite=True
-        )
+    if old_tasks_first is not None:
+        await Variable.aset(old_first_variable(alias.name), old_tasks_first, overwrite=True)
 
 
 async def _read_flag(name: str, default: bool) -> bool:
@@ -175,26 +142,9 @@ async def read_counting(alias: Alias) -> bool:
     return await _read_flag(counting_variable(alias.name), alias.cached_input_counts)
 
 
-async def read_queue_order(alias: Alias) -> tuple[QueueOrder, RemainingLife | None]:
-    """The alias's queue order and its remaining-life table as the planner last pushed them;
-    the default order (old tasks first, no table) when absent, or, logged, when malformed."""
-    name = queue_order_variable(alias.name)
-    async with get_client() as client:
-        variable = await client.read_variable_by_name(name)
-    if variable is None:
-        return QueueOrder(), None
-    try:
-        # the variable holds JSON: validated as JSON, so its pairs are lists
-        order = QueueOrder.model_validate_json(json.dumps(variable.value))
-        return order, order.table()
-    except (ValidationError, ValueError) as exc:
-        problems = (
-            "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            if isinstance(exc, ValidationError)
-            else str(exc)
-        )
-        log.warning("Prefect variable %s is malformed (%s): default queue order", name, problems)
-        return QueueOrder(), None
+async def read_old_tasks_first(alias: Alias) -> bool:
+    """Whether the alias's pacer puts old tasks first under an output limit (absent: yes)."""
+    return await _read_flag(old_first_variable(alias.name), True)
 
 
 async def read_budgets(alias: Alias) -> Budgets:
@@ -274,16 +224,14 @@ class PrefectPacer(InProcessPacer):
                     "counted" if counts else "not counted",
                 )
                 core.cached_input_counts = counts
-            order, table = await read_queue_order(alias)
-            if table != core.remaining_life:
-                self.set_remaining_life(alias.name, table)
-            if order.old_tasks_first != core.old_tasks_first:
+            old_first = await read_old_tasks_first(alias)
+            if old_first != core.old_tasks_first:
                 log.info(
-                    "alias %s: a held queue goes %s",
+                    "alias %s: an output-bound queue goes %s",
                     alias.name,
-                    "oldest task first" if order.old_tasks_first else "by expected finish",
+                    "oldest task first" if old_first else "in arrival order",
                 )
-                self.set_old_tasks_first(alias.name, order.old_tasks_first)
+                self.set_old_tasks_first(alias.name, old_first)
         self.syncs += 1
 
     async def _sync_loop(self) -> None:

@@ -12,8 +12,6 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from planner.remaining_life import RemainingLife
-
 
 class Binding(StrEnum):
     """Which constraint decided the fleet size this tick (the first that applies, in this order).
@@ -68,9 +66,8 @@ class Decision:
     the budget that bounded the target, or a cap) before a stale config, a cooldown, a pause or
     an empty queue took ``binding`` over (None: no budget saturates). ``old_tasks_first`` is
     the pacer's queue order while its output bucket holds calls back (``planner.pacer``):
-    off once no instance is left to launch, when calls rank by their task's expected finish
-    from ``remaining_life`` (the curve's expected remaining life by task age; None when the
-    decision was not sized on a curve).
+    off once no instance is left to launch and the curve's task durations are narrow
+    (``planner.sizing``), so the youngest tasks, which the run then ends on, are not stretched.
     """
 
     now: float
@@ -87,7 +84,6 @@ class Decision:
     stale: bool = False
     sized_by: Binding | None = None
     old_tasks_first: bool = True
-    remaining_life: RemainingLife | None = None
 
     @property
     def feeds_saturation(self) -> bool:

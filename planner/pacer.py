@@ -21,15 +21,10 @@ rule, so what the benchmark measures is what production runs. It owns:
     favouring small prompts there only favours young tasks and stretches the old ones, and the
     run ends on its longest tasks, stretched (docs/bench-planner.md, tenth round). A young
     task's call ranks as if it had arrived the two tasks' age gap later, so it is delayed,
-    never starved; a call of unknown task age ranks as a task started when it arrived.
-    Once no instance is left to launch the planner turns old-first off
-    (``set_old_tasks_first``, from ``Decision.old_tasks_first``): the run then ends when its
-    last task does, and a held call delays only its own task. A call then ranks by its
-    task's expected finish, as if it had arrived its task's expected remaining life
-    (``set_remaining_life``, ``planner.remaining_life``: from the curve's survival) earlier,
-    so the task expected to end last goes first; without a table, and for a call of unknown
-    task age, in arrival order. (Ranking the calls bucket's queue so too was measured: no
-    better, and a run newly missed a target; docs/bench-planner.md, thirty-sixth round.)
+    never starved; a call of unknown task age ranks as a task started when it arrived. The
+    planner turns this off (``set_old_tasks_first``, from ``Decision.old_tasks_first``) once
+    no instance is left to launch and its curve's task durations are narrow: an old task is
+    then nearly done, and the run ends on the young ones. The calls then go in arrival order.
   A call larger than a bucket's capacity is admitted when that bucket is full, and one larger
   than the in-flight budget when nothing is in flight; it leaves the bucket in debt, so the
   long-run rate still holds and nothing dead-locks;
@@ -66,7 +61,6 @@ from planner.pacer_holds import (
     hold_seconds,
 )
 from planner.pacer_types import Admission, CallEstimate, CallUsage, PacerUsage
-from planner.remaining_life import RemainingLife
 
 __all__ = [
     "AGEING_TOKENS_PER_S",
@@ -166,7 +160,6 @@ class PacerCore:
         self._held_by_tokens = 0.0
         self._held_by_output = 0.0
         self._old_tasks_first = True
-        self._remaining_life: RemainingLife | None = None
         self._admitted: dict[str, tuple[CallEstimate, _Charge]] = {}
         self._unreported: list[str] = []
         self._usage_start = now
@@ -302,13 +295,9 @@ class PacerCore:
         order = self._order
         if order == "prompt":
             return AGEING_TOKENS_PER_S * arrived + estimate.input_uncached + estimate.input_cached
-        if order != "task_age":
-            return arrived
-        age = estimate.task_age_s
-        if self._old_tasks_first:
-            return arrived + (arrived - (age or 0.0))
-        if self._remaining_life is not None and age is not None:
-            return arrived - self._remaining_life(age)
+        if order == "task_age" and self._old_tasks_first:
+            age = estimate.task_age_s or 0.0
+            return arrived + (arrived - age)
         return arrived
 
     # -- API ---------------------------------------------------------------------------------
@@ -466,24 +455,10 @@ class PacerCore:
 
     def set_old_tasks_first(self, on: bool) -> None:
         """Planner update: whether an old task's call goes first while the output bucket
-        holds the queue back (off: by expected finish, module docstring); the queued calls are
-        re-ranked."""
+        holds the queue back (module docstring); the queued calls are re-ranked."""
         if on != self._old_tasks_first:
             self._old_tasks_first = on
             self._rerank()
-
-    @property
-    def remaining_life(self) -> RemainingLife | None:
-        return self._remaining_life
-
-    def set_remaining_life(self, table: RemainingLife | None) -> None:
-        """Planner update: a task's expected remaining life by age, which orders the output
-        bucket's queue once old-first is off (module docstring; None: arrival order). The
-        queued calls are re-ranked when that order is in force."""
-        if table != self._remaining_life:
-            self._remaining_life = table
-            if not self._old_tasks_first:
-                self._rerank()
 
     def set_budgets(self, budgets: Budgets, now: float) -> None:
         """Planner update: new rates and capacities from ``now``; levels clipped, nothing

@@ -44,7 +44,6 @@ import numpy as np
 
 from planner.decision import Binding, Decision, Quantity
 from planner.overdrive import OverdriveConfig, hold_overdrive
-from planner.remaining_life import remaining_life
 from planner.sizing_inputs import (
     BudgetLike,
     Caps,
@@ -109,8 +108,19 @@ def steady_state(curve: Curve, counting: Counting, boot_s: float, max_age_s: flo
         mean_gap_s=gap,
         task_totals=MappingProxyType(totals),
         tail_age_s=tail,
-        remaining_life=remaining_life(age, surv),
+        duration_spread=_duration_spread(age, surv),
     )
+
+
+def _duration_spread(age: FloatArray, surv: FloatArray) -> float:
+    """The age survival falls to 0.1 over the age it falls to 0.5 (inf if half outlive the
+    grid; a grid step stands in for a median of 0)."""
+    half = np.nonzero(surv <= 0.5)[0]
+    if not half.size:
+        return math.inf
+    tenth = np.nonzero(surv <= 0.1)[0]
+    p90 = float(age[tenth[0]]) if tenth.size else float(age[-1])
+    return p90 / max(float(age[half[0]]), float(age[1] - age[0]))
 
 
 def _bin_ages(ages: FloatArray, bin_s: float) -> tuple[FloatArray, FloatArray]:
@@ -307,9 +317,13 @@ def decide(
     if fleet.paused:
         binding, ceiling, launches = Binding.PAUSED, min(ceiling, live), 0
 
-    # the queue's last tasks are all live: the run ends on whichever is expected to finish
-    # last, so the pacer ranks calls by expected finish (``planner.remaining_life``)
-    old_tasks_first = fleet.queued > 0 or fleet.booting > 0
+    # the queue's last tasks are all live: an old task there is a long one only where the
+    # durations spread wide (``SizingConfig.old_first_min_spread``)
+    old_tasks_first = (
+        fleet.queued > 0
+        or fleet.booting > 0
+        or steady.duration_spread >= config.old_first_min_spread
+    )
     n_new = fleet.booting + max(ceiling - live, 0)
     projections = {
         q.value: float((proj.live[q] + n_new * proj.per_new[q]).mean()) for q in Quantity
@@ -330,7 +344,6 @@ def decide(
         stale=fleet.stale,
         sized_by=sized_by,
         old_tasks_first=old_tasks_first,
-        remaining_life=steady.remaining_life,
     )
 
 

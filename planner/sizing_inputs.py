@@ -17,7 +17,6 @@ from numpy.typing import NDArray
 
 from evalfleet.errors import ConfigError
 from planner.bounds import within
-from planner.remaining_life import RemainingLife
 
 __all__ = [
     "BudgetLike",
@@ -112,6 +111,13 @@ class SizingConfig:
     # [1, 100000] and (1, 4]
     ramp_floor: int = 100
     ramp_growth: float = 1.2
+    # Once no instance is left to launch, the pacer keeps ranking an output-bound queue by task
+    # age (old first) only when the curve's task durations spread at least this much (its 90th
+    # over its 50th percentile age of survival): there an old task is likely a long one, which
+    # the run ends on. Narrower, an old task is nearly done, and favouring it only stretches
+    # the young ones; calls then go in arrival order (docs/bench-planner.md, twenty-sixth
+    # round). [1, 100]
+    old_first_min_spread: float = 1.7
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -128,6 +134,7 @@ class SizingConfig:
         within("stale_floor", self.stale_floor, 1, 100_000, p)
         within("integration_age_s", self.integration_age_s, 600.0, 604_800.0, p)
         within("ramp_floor", self.ramp_floor, 1, 100_000, p)
+        within("old_first_min_spread", self.old_first_min_spread, 1.0, 100.0, p)
         if not 1.0 < self.ramp_growth <= 4.0:
             p.append(f"ramp_growth: must be within (1, 4], got {self.ramp_growth!r}")
         if p:
@@ -164,11 +171,12 @@ class FleetState:
 class SteadyState:
     """Per-slot figures of a curve, integrated once: steady-state rate per quantity, mean gap,
     one task's total demand per quantity, the tail age (survival down to
-    ``planner.sizing.TAIL_SURVIVAL``) and a task's expected remaining life by age."""
+    ``planner.sizing.TAIL_SURVIVAL``) and the spread of task durations."""
 
     slot_rates: MappingProxyType[str, float]
     mean_gap_s: float
     task_totals: MappingProxyType[str, float] = field(default_factory=lambda: MappingProxyType({}))
     tail_age_s: float = 0.0
-    # a task's expected remaining life by age: the pacer's order once nothing is left to launch
-    remaining_life: RemainingLife | None = None
+    # the curve's duration spread: the age its survival falls to 0.1 over the age it falls to
+    # 0.5 (1 for a point mass; inf when half the tasks outlive the integration)
+    duration_spread: float = 1.0

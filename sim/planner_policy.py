@@ -481,6 +481,5 @@ class PlannerPolicy:
             self.steady,
         )
         self.decisions.append(decision)
-        self.pacer.set_remaining_life(decision.remaining_life)
         self.pacer.set_old_tasks_first(decision.old_tasks_first)
         return decision.ceiling

@@ -26,8 +26,7 @@ One tick, per alias with claimable runs (the clock is read by the flow and passe
 5. ``record_decisions`` — one ``planner_decisions`` row per alias (with the saturating budget).
 6. ``push_pacer_limits`` — the budgets to the alias's Prefect global concurrency limits
    (``gateway.pacer_prefect.push_budgets``), which the gateway's Prefect pacer follows, and
-   the queue order the decision names (``Decision.old_tasks_first`` and the curve's
-   ``Decision.remaining_life``, one Prefect variable).
+   the queue order the decision names (``Decision.old_tasks_first``, a Prefect variable).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -64,9 +63,6 @@ from tasks.plan_budgets import (
     curve_for,
     sizing_config,
 )
-
-if TYPE_CHECKING:  # the gateway's Prefect client is imported when a tick pushes
-    from gateway.pacer_prefect import QueueOrder
 
 __all__ = [
     "AliasFleet",
@@ -331,8 +327,8 @@ def record_decisions(now: datetime, decisions: dict[str, Decision]) -> None:
         )
 
 
-# (api, alias) -> (budgets, burst_s, cache-counting belief, queue order, pushed at)
-_PUSHED: dict[tuple[str, str], tuple[Budgets, float, bool, QueueOrder, float]] = {}
+# (api, alias) -> (budgets, burst_s, cache-counting belief, old tasks first, pushed at)
+_PUSHED: dict[tuple[str, str], tuple[Budgets, float, bool, bool, float]] = {}
 _PUSHED_LOCK = threading.Lock()
 REASSERT_S = 60.0
 
@@ -341,8 +337,7 @@ def push_pacer_limits(
     steps: dict[str, BudgetStep], decisions: dict[str, Decision] | None = None
 ) -> list[str]:
     """Write each alias's budgets to its Prefect limits, and the queue order its decision
-    names (``Decision.old_tasks_first``, ``Decision.remaining_life``); returns the aliases
-    pushed.
+    names (``Decision.old_tasks_first``); returns the aliases pushed.
 
     An alias whose budgets and burst are what this process pushed last is skipped unless that
     was ``REASSERT_S`` ago (a limit edited in the UI is restored within a minute): each push is
@@ -351,7 +346,7 @@ def push_pacer_limits(
     from prefect.settings import PREFECT_API_URL
     from prefect.utilities.asyncutils import run_coro_as_sync
 
-    from gateway.pacer_prefect import QueueOrder, push_budgets
+    from gateway.pacer_prefect import push_budgets
 
     api = str(PREFECT_API_URL.value())
     known = aliases()
@@ -361,12 +356,8 @@ def push_pacer_limits(
             last = _PUSHED.get((api, name))
         at = time.monotonic()
         decision = (decisions or {}).get(name)
-        order = (
-            QueueOrder()
-            if decision is None
-            else QueueOrder.of(decision.old_tasks_first, decision.remaining_life)
-        )
-        pushed_now = (s.state.budgets, s.burst_s, s.state.cached_input_counts, order)
+        old_first = True if decision is None else decision.old_tasks_first
+        pushed_now = (s.state.budgets, s.burst_s, s.state.cached_input_counts, old_first)
         if last is not None and last[:4] == pushed_now and at - last[4] < REASSERT_S:
             continue
         alias = known.get(name)
@@ -379,13 +370,13 @@ def push_pacer_limits(
         write = counts != alias.cached_input_counts if last is None else counts != last[2]
         # the order at this process's first push (a previous planner process may have left
         # its run's endgame order behind) and whenever it changes
-        write_order = last is None or order != last[3]
+        write_order = last is None or old_first != last[3]
         run_coro_as_sync(
             push_budgets(
                 alias,
                 s.state.budgets,
                 cached_input_counts=counts if write else None,
-                queue_order=order if write_order else None,
+                old_tasks_first=old_first if write_order else None,
             )
         )
         with _PUSHED_LOCK:
@@ -425,7 +416,7 @@ def decision_table(
                 "cut": ",".join(s.actions.cut) if s else "",
                 "overdrive": round(s.overdrive, 3) if s else 1.0,
                 # the pacer's order while an output limit holds its queue
-                "output_queue": "oldest task first" if d.old_tasks_first else "expected finish",
+                "output_queue": "oldest task first" if d.old_tasks_first else "arrival",
                 "at": datetime.fromtimestamp(d.now, UTC).isoformat(timespec="seconds"),
             }
         )

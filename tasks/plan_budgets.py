@@ -101,8 +101,8 @@ def aliases() -> Aliases:
 
 
 def sizing_config() -> SizingConfig:
-    """The planner's sizing constants, with the settings' boot time, token overdrive and launch
-    ramp."""
+    """The planner's sizing constants, with the settings' boot time, token overdrive, launch
+    ramp and the duration spread that keeps old tasks first."""
     settings = get_settings()
     return SizingConfig(
         boot_s=settings.planner_boot_s,
@@ -110,6 +110,7 @@ def sizing_config() -> SizingConfig:
         token_max_wait_s=settings.planner_token_max_wait_s,
         ramp_floor=settings.planner_launch_ramp_floor,
         ramp_growth=settings.planner_launch_ramp_growth,
+        old_first_min_spread=settings.planner_old_first_min_spread,
     )
 
 

@@ -9,7 +9,6 @@ import math
 import pytest
 
 from planner.pacer import AGEING_TOKENS_PER_S, CallEstimate, CallUsage, PacerCore
-from planner.remaining_life import RemainingLife
 from tests.pacer_support import budgets, drive
 
 
@@ -140,77 +139,3 @@ def test_with_old_tasks_first_off_an_output_bound_queue_goes_in_arrival_order() 
         est = CallEstimate(1_000, max_output=100, task_age_s=age)
         assert not pacer.request(name, est, 4.5 + i * 0.001).admitted
     assert [*pacer.poll(5.0), *pacer.poll(6.0), *pacer.poll(7.0)] == ["old2", "old", "young2"]
-
-
-def _young_first() -> RemainingLife:
-    """Tasks that end by 600 s: a young one has the most left."""
-    return RemainingLife((0.0, 600.0), (600.0, 0.0))
-
-
-def test_with_old_tasks_first_off_an_output_bound_queue_goes_by_expected_finish() -> None:
-    """Once no instance is left to launch (old-first off) an output-bound call ranks as if it
-    had arrived its task's expected remaining life earlier: the task expected to end last goes
-    first. Setting the table re-ranks what is queued; a call of unknown task age goes in
-    arrival order, and a queue the calls bucket holds stays FIFO."""
-    pacer = PacerCore(budgets(tokens=1e9, output=100.0), burst_s=1.0)
-    assert pacer.request("a", CallEstimate(1_000, max_output=100), 0.0).admitted
-    assert not pacer.request("b", CallEstimate(1_000, max_output=100), 0.0).admitted
-    assert pacer.poll(1.0) == ["b"]  # held by the output bucket: task-age order
-    pacer.set_old_tasks_first(False)
-    for i, (name, age) in enumerate((("old", 500.0), ("unknown", None), ("young", 5.0))):
-        est = CallEstimate(1_000, max_output=100, task_age_s=age)
-        assert not pacer.request(name, est, 1.0 + i * 0.001).admitted
-    pacer.set_remaining_life(_young_first())  # re-ranks: young 595 s left, old 100 s
-    assert pacer.remaining_life == _young_first()
-    assert [*pacer.poll(2.0), *pacer.poll(3.0), *pacer.poll(4.0)] == ["young", "old", "unknown"]
-
-    fifo = PacerCore(budgets(calls=1.0, tokens=1e9), burst_s=1.0)
-    fifo.set_old_tasks_first(False)
-    fifo.set_remaining_life(_young_first())
-    assert fifo.request("a", CallEstimate(10), 0.0).admitted
-    for i, (name, age) in enumerate((("old", 500.0), ("young", 5.0))):
-        assert not fifo.request(name, CallEstimate(10, task_age_s=age), i * 0.001).admitted
-    assert [*fifo.poll(1.0), *fifo.poll(2.0)] == ["old", "young"]
-
-
-def test_expected_finish_delays_a_nearly_done_task_by_at_most_the_remaining_life_gap() -> None:
-    """A call of a task with little left is passed only by calls of tasks with more left that
-    arrive within the two tasks' remaining-life gap after it: delayed, never starved."""
-    pacer = PacerCore(budgets(tokens=1e9, output=1000.0), burst_s=1.0)
-    pacer.set_old_tasks_first(False)
-    pacer.set_remaining_life(_young_first())
-    young = [
-        (
-            i * 0.05,
-            f"y{i}",
-            CallEstimate(100, max_output=100, task_age_s=0.0),
-            0.2,
-            CallUsage(100, output=100),
-        )
-        for i in range(12000)
-    ]  # 2,000 output tokens/s of demand against 1,000/s
-    old = [
-        (
-            10.0,
-            "old",
-            CallEstimate(100, max_output=100, task_age_s=500.0),
-            0.2,
-            CallUsage(100, output=100),
-        )
-    ]
-    times = drive(pacer, sorted(young + old, key=lambda c: c[0]), until=1300.0)
-    assert "old" in times
-    passed_by = [i * 0.05 for i in range(12000) if times.get(f"y{i}", math.inf) < times["old"]]
-    # the old call (100 s left) ranks 10 - 100; a young call arriving at t ranks t - 600
-    assert max(passed_by) == pytest.approx(510.0, abs=0.1)
-
-
-def test_a_malformed_remaining_life_table_is_refused() -> None:
-    with pytest.raises(ValueError, match="start at 0 and increase"):
-        RemainingLife((0.0, 10.0, 10.0), (3.0, 2.0, 1.0))
-    with pytest.raises(ValueError, match="finite numbers >= 0"):
-        RemainingLife((0.0, 10.0), (3.0, -1.0))
-    with pytest.raises(ValueError, match="same length"):
-        RemainingLife((0.0, 10.0), (3.0,))
-    table = RemainingLife((0.0, 100.0, 200.0), (300.0, 100.0, 50.0))
-    assert [table(a) for a in (0.0, 50.0, 150.0, 200.0, 1e6)] == [300.0, 200.0, 75.0, 50.0, 50.0]

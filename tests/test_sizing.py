@@ -423,37 +423,25 @@ def narrow_curve() -> HarnessCurve:
     return HarnessCurve.from_params(params)
 
 
-def test_old_tasks_go_first_until_the_queue_is_dry_then_by_the_curves_remaining_life() -> None:
-    """While instances are queued or booting the output-bound pacer favours old tasks (they
-    free slots); once every instance is live it ranks by expected finish, from the remaining
-    life the decision carries: for a narrow curve a young task has most left, for exponential
-    lives every age has the same (the mean life)."""
+def test_old_tasks_go_first_at_the_pacer_unless_the_queue_is_dry_and_durations_narrow() -> None:
+    """While instances are queued the output-bound pacer favours old tasks (they free slots);
+    once every instance is live it does so only where durations spread wide, where an old task
+    is a long one. For a narrow curve the old tasks are nearly done: arrival order."""
     budgets = B(output_tokens_per_s=100.0)
     ages = [10.0, 200.0, 450.0]
 
-    def decided(curve: HarnessCurve, *, queued: int, booting: int = 0) -> Decision:
-        steady = steady_state(curve, Counting(), CFG.boot_s, CFG.integration_age_s)
-        return decide(
-            fleet(ages, booting=booting, queued=queued),
-            curve,
-            budgets,
-            Counting(),
-            Caps(),
-            CFG,
-            steady,
-        )
+    def old_first(
+        curve: HarnessCurve, cfg: SizingConfig = CFG, *, queued: int, booting: int = 0
+    ) -> bool:
+        steady = steady_state(curve, Counting(), cfg.boot_s, cfg.integration_age_s)
+        state = fleet(ages, booting=booting, queued=queued)
+        d = decide(state, curve, budgets, Counting(), Caps(), cfg, steady)
+        return d.old_tasks_first
 
-    assert decided(narrow_curve(), queued=5).old_tasks_first
-    assert decided(narrow_curve(), queued=0, booting=2).old_tasks_first  # not all live yet
-    assert not decided(narrow_curve(), queued=0).old_tasks_first
-    assert not decided(flat_curve(), queued=0).old_tasks_first
-    narrow = decided(narrow_curve(), queued=0).remaining_life
-    assert narrow is not None
-    # alive to 500 s, then ending linearly to 600 s: about 550 - age left
-    assert narrow(0.0) == pytest.approx(550.0, rel=0.02)
-    assert narrow(450.0) == pytest.approx(100.0, rel=0.05)
-    assert narrow(0.0) > narrow(200.0) > narrow(450.0)
-    flat = decided(flat_curve(), queued=0).remaining_life
-    assert flat is not None
-    for age in (0.0, 300.0, 900.0):
-        assert flat(age) == pytest.approx(300.0, rel=0.02)
+    assert steady_state(narrow_curve(), Counting(), 30.0, 7200.0).duration_spread < 1.2
+    assert steady_state(flat_curve(), Counting(), 30.0, 7200.0).duration_spread > 3.0
+    assert old_first(narrow_curve(), queued=5)
+    assert old_first(narrow_curve(), queued=0, booting=2)  # the last launches are not live yet
+    assert not old_first(narrow_curve(), queued=0)
+    assert old_first(flat_curve(), queued=0)  # exponential lives: spread ln 10 / ln 2
+    assert old_first(narrow_curve(), replace(CFG, old_first_min_spread=1.0), queued=0)

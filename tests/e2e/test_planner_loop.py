@@ -139,14 +139,14 @@ def test_a_pool_paused_through_prefect_or_the_ledger_binds_paused(loop_env: str)
 def test_the_queue_order_a_decision_names_reaches_the_gateways_prefect_variable(
     loop_env: str,
 ) -> None:
-    """``push_pacer_limits`` writes ``Decision.old_tasks_first`` and the curve's remaining
-    life where the gateway's Prefect pacer reads them (``read_queue_order``): off, then back
-    on; ``record_decisions`` keeps the order in ``planner_decisions``."""
+    """``push_pacer_limits`` writes ``Decision.old_tasks_first`` where the gateway's Prefect
+    pacer reads it (``read_old_tasks_first``): off, then back on; ``record_decisions`` keeps
+    it in ``planner_decisions``."""
     from dataclasses import replace
 
     from prefect.utilities.asyncutils import run_coro_as_sync
 
-    from gateway.pacer_prefect import QueueOrder, read_queue_order
+    from gateway.pacer_prefect import read_old_tasks_first
 
     eng = make_engine(get_settings().ledger_url)
     now = datetime.now(UTC)
@@ -155,22 +155,19 @@ def test_the_queue_order_a_decision_names_reaches_the_gateways_prefect_variable(
     steps = plan.advance_budgets(now, {f.alias: f.harness for f in fleets})
     decisions = plan.decide_all(now, fleets, steps)
     assert decisions[ALIAS].old_tasks_first  # instances are queued
-    table = decisions[ALIAS].remaining_life
-    assert table is not None and table(0.0) > 0.0  # from the alias's harness curve
     assert plan.decision_table(decisions)[0]["output_queue"] == "oldest task first"
     dry = replace(decisions[ALIAS], old_tasks_first=False)
-    assert plan.decision_table({ALIAS: dry})[0]["output_queue"] == "expected finish"
+    assert plan.decision_table({ALIAS: dry})[0]["output_queue"] == "arrival"  # the UI shows it
     alias = plan.aliases().get(ALIAS)
     for order in (False, True):
         plan.push_pacer_limits(steps, {ALIAS: replace(decisions[ALIAS], old_tasks_first=order)})
-        assert run_coro_as_sync(read_queue_order(alias)) == (QueueOrder.of(order, table), table)
-    # a planner process that stopped in a run's endgame left its order behind: a new
+        assert run_coro_as_sync(read_old_tasks_first(alias)) is order
+    # a planner process that stopped in a run's endgame left arrival order behind: a new
     # process's first push restores the order its own decision names
     plan.push_pacer_limits(steps, {ALIAS: replace(decisions[ALIAS], old_tasks_first=False)})
     plan._PUSHED.clear()
     plan.push_pacer_limits(steps, decisions)
-    restored, _ = run_coro_as_sync(read_queue_order(alias))
-    assert restored.old_tasks_first is True
+    assert run_coro_as_sync(read_old_tasks_first(alias)) is True
     # the ledger keeps the order each tick named, for the notebooks
     for order in (True, False):
         plan.record_decisions(now, {ALIAS: replace(decisions[ALIAS], old_tasks_first=order)})

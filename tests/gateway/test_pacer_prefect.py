@@ -13,20 +13,11 @@ from typing import Any
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-from prefect.variables import Variable
 
 from gateway.aliases import Aliases, load_aliases
-from gateway.pacer_prefect import (
-    PrefectPacer,
-    QueueOrder,
-    limit_names,
-    push_budgets,
-    queue_order_variable,
-    read_queue_order,
-)
+from gateway.pacer_prefect import PrefectPacer, limit_names, push_budgets
 from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable
 from planner.pacer import AGEING_TOKENS_PER_S
-from planner.remaining_life import RemainingLife
 
 pytestmark = pytest.mark.prefect
 
@@ -201,33 +192,17 @@ def test_prefect_limits_are_the_source_of_truth(prefect_api: str) -> None:
                 while core.cached_input_counts:
                     assert time.monotonic() < deadline, "the planner's belief never returned"
                     await asyncio.sleep(0.05)
-                # The planner's queue order (no instance left): an output-bound queue goes by
-                # expected finish, from the remaining-life table, within a sync; and back.
-                assert core.old_tasks_first is True and core.remaining_life is None
-                table = RemainingLife((0.0, 600.0), (600.0, 0.0))
+                # The planner's queue order (no instance left, narrow durations): an
+                # output-bound queue goes in arrival order within a sync, and back.
+                assert core.old_tasks_first is True
                 for order in (False, True):
                     await push_budgets(
-                        aliases.get(alias),
-                        pacer.budgets(alias),
-                        queue_order=QueueOrder.of(order, table),
+                        aliases.get(alias), pacer.budgets(alias), old_tasks_first=order
                     )
                     deadline = time.monotonic() + 3
-                    while core.old_tasks_first is not order or core.remaining_life != table:
+                    while core.old_tasks_first is not order:
                         assert time.monotonic() < deadline, "the queue order never arrived"
                         await asyncio.sleep(0.05)
-                # A malformed order (an operator's edit in the UI) is logged and the default
-                # order kept: old tasks first, no table.
-                await Variable.aset(
-                    queue_order_variable(alias),
-                    {"old_tasks_first": False, "remaining_life": [[5.0, 1.0]]},
-                    overwrite=True,
-                )
-                read, read_table = await read_queue_order(aliases.get(alias))
-                assert read == QueueOrder() and read_table is None
-                await Variable.aset(
-                    queue_order_variable(alias), {"old_first": False}, overwrite=True
-                )
-                assert (await read_queue_order(aliases.get(alias))) == (QueueOrder(), None)
                 # A deleted limit fails the alias (strict): nothing is admitted unpaced.
                 await client.delete_global_concurrency_limit_by_name(names["tokens_per_s"])
                 deadline = time.monotonic() + 3
