@@ -378,6 +378,10 @@ class Gateway:
                 latency,
                 counted_cache_reads=self._judge_counting(call, verdict, sent_at),
             )
+            if upstream.status_code == 429 and not call.retry:
+                # a call's first 429: cut what it hit at once, not at the planner's next tick
+                # (planner.provisional_cut); a retry's repeats its first one's evidence
+                self.pacer.cut_at_429(call.alias.name, verdict)
             if verdict.remaining:
                 # the provider's bucket is emptier than the pacer's: retries must not storm it
                 self.pacer.observe_remaining(call.alias.name, verdict.remaining)

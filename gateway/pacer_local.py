@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +27,9 @@ from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable, Permit
 from planner.budgets import Budgets, TokenClass, header_classes
 from planner.classify import Classification, LimitType
 from planner.pacer import EVERY_BUCKET, PacerCore, classes_to_hold, hold_seconds
+from planner.provisional_cut import ProvisionalCuts
+
+log = logging.getLogger(__name__)
 
 # the gateway's own cache-counting verdict stands this long against the planner's pushed belief
 # (the planner adopts it at its next tick, 15 s; a planner that does not leaves it to lapse)
@@ -50,6 +54,8 @@ def seed_budgets(alias: Alias) -> Budgets:
 @dataclass
 class _AliasPacer:
     core: PacerCore
+    # the planner's budgets with a 429's provisional cuts applied (what ``core`` paces at)
+    provisional: ProvisionalCuts
     waiters: dict[str, asyncio.Future[float]] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -66,7 +72,11 @@ class InProcessPacer:
         self._pacers: dict[str, _AliasPacer] = {}
         self._ids = itertools.count()
         for alias in aliases:
-            self._pacers[alias.name] = _AliasPacer(core=self._core(alias, seed_budgets(alias)))
+            seed = seed_budgets(alias)
+            self._pacers[alias.name] = _AliasPacer(
+                core=self._core(alias, seed),
+                provisional=ProvisionalCuts(seed, cooldown_s=alias.pacer.cooldown_s),
+            )
 
     def _core(self, alias: Alias, budgets: Budgets) -> PacerCore:
         return PacerCore(
@@ -91,17 +101,46 @@ class InProcessPacer:
             pacer.task = None
 
     def budgets(self, alias: str) -> Budgets:
+        """What the alias paces at now (a provisional cut included)."""
         return self._pacer(alias).core.budgets
+
+    def pushed_budgets(self, alias: str) -> Budgets:
+        """The alias's budgets as last set (the planner's, without provisional cuts)."""
+        return self._pacer(alias).provisional.pushed
 
     def levels(self, alias: str) -> dict[str, float]:
         """The alias's bucket levels now (what may be sent at once)."""
         return self._pacer(alias).core.levels(self._clock())
 
     def set_budgets(self, alias: str, budgets: Budgets) -> None:
+        """The planner's budgets: a provisional cut of a class stands until they move it
+        (``planner.provisional_cut``)."""
         pacer = self._pacer(alias)
-        pacer.core.set_budgets(budgets, self._clock())
+        now = self._clock()
+        pacer.provisional.settle(now, budgets)
+        pacer.core.set_budgets(pacer.provisional.budgets(), now)
         pacer.failure = None
         pacer.changed.set()
+
+    def cut_at_429(self, alias: str, view: Classification) -> None:
+        """A call's first 429: the classes it hits are cut at once (and a limit it states caps
+        its class), until the planner's next push moves them (``planner.provisional_cut``)."""
+        pacer = self._pacers.get(alias)
+        if pacer is None:
+            return
+        now = self._clock()
+        moved = pacer.provisional.first_429(
+            now, view.limit_type, token_class(self._aliases[alias]), view.limits
+        )
+        if moved:
+            pacer.core.set_budgets(pacer.provisional.budgets(), now)
+            pacer.changed.set()
+            log.info(
+                "alias %s: a %s 429 cut %s at once, until the planner's next budgets",
+                alias,
+                view.limit_type.value,
+                ", ".join(c.value for c in moved),
+            )
 
     def set_old_tasks_first(self, alias: str, on: bool) -> None:
         """The queue order under an output limit (``PacerCore.set_old_tasks_first``)."""

@@ -56,6 +56,10 @@ class Pacer(Protocol):
         """The gateway's own verdict on whether the provider counts cache reads: pace so at
         once (the planner adopts it at its next tick)."""
 
+    def cut_at_429(self, alias: str, view: Classification) -> None:
+        """A call's first 429 (not a retry's): cut the budgets it hits at once, until the
+        planner's next push (``planner.provisional_cut``)."""
+
     def hold(self, alias: str, view: Classification | None = None) -> None:
         """A 429 left provider buckets empty without saying so (``view``: the 429's reading,
         see ``planner.pacer.classes_to_hold``; None: all of them): send nothing on those of

@@ -17,12 +17,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from planner.budget_state import BudgetClass, BudgetState, ControllerConfig
+from planner.budget_state import BudgetClass, Budgets, BudgetState, ControllerConfig, TokenClass
 from planner.classify import LimitType
 
 __all__ = [
     "blamed_classes",
     "classes_hit",
+    "classes_of_limit",
     "drained_steadiness_overrules",
     "forget_others",
     "named_classes",
@@ -33,18 +34,26 @@ __all__ = [
 ]
 
 
-def classes_hit(lt: LimitType, state: BudgetState) -> tuple[BudgetClass, ...]:
-    has_output = state.budgets.output_tokens_per_s is not None
+def classes_of_limit(
+    lt: LimitType, budgets: Budgets, token_class: TokenClass
+) -> tuple[BudgetClass, ...]:
+    """The budget classes a 429 of limit ``lt`` cuts: the named limit's class (an output
+    limit's is the combined token budget where there is no output budget); every class for an
+    unknown limit (or an output limit with nothing to cut)."""
     if lt is LimitType.REQUESTS:
         return (BudgetClass.REQUESTS,)
     if lt in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
         return (BudgetClass.TOKENS,)
     if lt is LimitType.OUTPUT_TOKENS:
-        if has_output:
+        if budgets.output_tokens_per_s is not None:
             return (BudgetClass.OUTPUT_TOKENS,)
-        if state.token_class == "combined":
+        if token_class == "combined":
             return (BudgetClass.TOKENS,)
-    return state.budgets.classes()  # unknown (or output with nothing to cut): all
+    return budgets.classes()
+
+
+def classes_hit(lt: LimitType, state: BudgetState) -> tuple[BudgetClass, ...]:
+    return classes_of_limit(lt, state.budgets, state.token_class)
 
 
 def named_classes(

@@ -46,6 +46,7 @@ from planner.pacer import (
     classes_to_hold,
     hold_seconds,
 )
+from planner.provisional_cut import ProvisionalCuts
 from planner.retry_evidence import unanswered_retry_throttles
 from planner.sizing import (
     Caps,
@@ -134,6 +135,10 @@ class PlannerPolicy:
             cached_input_counts=ac.cached_input_counts,
         )
         self._pacer_gate = PacerGate(self.pacer, workload)
+        self._stated_by_429: dict[LimitType, float] = {}  # limits the window's 429s stated
+        self.provisional = ProvisionalCuts(
+            self.state.budgets, cooldown_s=self.controller.cooldown_s
+        )
         self.gate: Gate | None = self._pacer_gate
         self.progress = 1.0
         self.headers_now = headers_now
@@ -220,6 +225,7 @@ class PlannerPolicy:
                 self._accepted.popleft()
             return
         self.charges.rejected(call)
+        self._stated_by_429.update(classification.limits)
         throttle = (classification.limit_type, classification.retry_after_s)
         if classification.limit_type in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
             limit, remaining = self._counted_view(classification)
@@ -233,18 +239,25 @@ class PlannerPolicy:
                     and infer_cached_input_counts([window], believed=False)
                 ):
                     self._recount(True, now)
+        first = call not in self._rejected
+        # as the gateway's pacer does (planner.provisional_cut): a call's first 429 cuts the
+        # classes it hits at once, until the controller acts on it at the tick
+        if first and self.provisional.first_429(
+            now, classification.limit_type, self.token_class, classification.limits
+        ):
+            self.pacer.set_budgets(self.provisional.budgets(), now)
         if classification.remaining:
             # the provider's buckets are emptier than ours: retries must not storm them
             self._observe_remaining(classification, now)
         held = classes_to_hold(
             classification,
             token_class=self.token_class,
-            has_output_budget=self.state.budgets.output_tokens_per_s is not None,
+            has_output_budget=self.pacer.budgets.output_tokens_per_s is not None,
         )
         if held:
             # an empty bucket it says nothing of takes no retries at once
             self.pacer.hold(held, hold_seconds(classification, HOLD_AFTER_429_S), now)
-        if call in self._rejected:
+        if not first:
             # a retry's 429 repeats its first one's evidence (the gateway flags retries in
             # llm_calls.retry, and the planner's window skips them): a call too big for the
             # provider's bucket at the moment, retried until it fits, would otherwise cut every
@@ -254,28 +267,13 @@ class PlannerPolicy:
             return
         self._rejected.add(call)
         self._first_429_in_window = True
-        if self.state.in_cooldown(now):
-            self._throttles.append(throttle)
-            return
-        # The first 429 outside a cooldown is acted on at once (the gateway tells the
-        # controller): cut and freeze now, not up to a window later while the pacer keeps
-        # sending into an empty provider bucket.
-        # drained first: a flip of the belief it makes puts what was delivered in new units
-        drained = (
-            self._drained_for_blame(now) if classification.limit_type is LimitType.UNKNOWN else None
-        )
-        self.state, _ = step(
-            self.state,
-            WindowObservation(
-                now=now,
-                throttles=(throttle,),
-                observed_limits=dict(classification.limits) if classification.limits else None,
-                delivered=self._delivered(now),
-                drained=drained,
-            ),
-            self.controller,
-        )
-        self.pacer.set_budgets(self.state.budgets, now)
+        self._throttles.append(throttle)
+
+    def _push_budgets(self, now: float) -> None:
+        """The controller's budgets to the pacer, as the planner's push reaches the gateway's:
+        a provisional cut stands until the controller moves its class (or it lapses)."""
+        self.provisional.settle(now, self.state.budgets)
+        self.pacer.set_budgets(self.provisional.budgets(), now)
 
     def _observe_remaining(self, view: Classification, now: float) -> None:
         """No pacer bucket holds more than the provider says is left of its own."""
@@ -283,7 +281,8 @@ class PlannerPolicy:
             header_classes(
                 view.remaining,
                 token_class=self.token_class,
-                has_output_budget=self.state.budgets.output_tokens_per_s is not None,
+                # the pacer's buckets, a provisional output budget among them (as the gateway)
+                has_output_budget=self.pacer.budgets.output_tokens_per_s is not None,
             ),
             now,
         )
@@ -378,7 +377,7 @@ class PlannerPolicy:
         self.pacer.cached_input_counts = counts
         self._counted = self._counted_as[counts]
         self.state = recounted(self.state, counts, now, measured)
-        self.pacer.set_budgets(self.state.budgets, now)
+        self._push_budgets(now)
 
     def _update_progress(self) -> None:
         """Smoothed share of unthrottled speed: 1 / (1 + pacer wait per call / mean gap)."""
@@ -420,9 +419,15 @@ class PlannerPolicy:
         observed = None
         view = self.headers_now(now)
         if self._answered or self._throttles:
-            observed = dict(view.limits) if view is not None and view.limits else None
+            # the latest headers, plus what a 429 in the window stated that they do not (a
+            # limit only a 429's message names), as the tick reads alias_observations
+            observed = {
+                **self._stated_by_429,
+                **(view.limits if view is not None and view.limits else {}),
+            } or None
             if view is not None and view.remaining:
                 self._observe_remaining(view, now)
+        self._stated_by_429 = {}
         self._judge_throttle(now)
         self._check_counting(view, now)
         self._throttles.extend(
@@ -460,7 +465,7 @@ class PlannerPolicy:
         self.state, actions = step(self.state, obs, self.controller)
         self._update_progress()
         self._hold_overdrive(now, usage)
-        self.pacer.set_budgets(self.state.budgets, now)
+        self._push_budgets(now)
         decision = decide(
             FleetState(
                 now=now,

@@ -17,7 +17,9 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 from gateway.aliases import Aliases, load_aliases
 from gateway.pacer_prefect import PrefectPacer, limit_names, push_budgets
 from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable
+from planner.classify import Classification, LimitType
 from planner.pacer import AGEING_TOKENS_PER_S
+from planner.provisional_cut import CUT
 
 pytestmark = pytest.mark.prefect
 
@@ -191,6 +193,24 @@ def test_prefect_limits_are_the_source_of_truth(prefect_api: str) -> None:
                 deadline = time.monotonic() + 3
                 while core.cached_input_counts:
                     assert time.monotonic() < deadline, "the planner's belief never returned"
+                    await asyncio.sleep(0.05)
+                # A call's first 429 cuts the request budget at once (planner.provisional_cut);
+                # syncs, the planner's limits unchanged, keep the cut; its next push ends it.
+                pushed = pacer.pushed_budgets(alias)
+                pacer.cut_at_429(alias, Classification(status=429, limit_type=LimitType.REQUESTS))
+                cut_to = pushed.calls_per_s * CUT
+                assert pacer.budgets(alias).calls_per_s == pytest.approx(cut_to)
+                syncs = pacer.syncs
+                deadline = time.monotonic() + 3
+                while pacer.syncs < syncs + 2:
+                    assert time.monotonic() < deadline, "the pacer stopped syncing"
+                    await asyncio.sleep(0.05)
+                assert pacer.budgets(alias).calls_per_s == pytest.approx(cut_to)
+                moved = replace(pushed, calls_per_s=pushed.calls_per_s / 2)
+                await push_budgets(aliases.get(alias), moved)
+                deadline = time.monotonic() + 3
+                while pacer.budgets(alias).calls_per_s != pytest.approx(moved.calls_per_s):
+                    assert time.monotonic() < deadline, "the planner's budgets never arrived"
                     await asyncio.sleep(0.05)
                 # The planner's queue order (no instance left, narrow durations): an
                 # output-bound queue goes in arrival order within a sync, and back.

@@ -54,22 +54,22 @@ def planner_run(
 def simulate_planner(scenario: Scenario) -> tuple[PlannerPolicy, dict[str, Any]]:
     """The planner's run on ``scenario`` (the shipped controller), its result row extended
     with what the lesson tests read: ``budgets`` (the calls and token budgets after each
-    tick), ``late_429`` (429s after 900 s) and ``after_429`` (the token budget right after
-    each 429)."""
+    tick), ``late_429`` (429s after 900 s) and ``after_429`` (the token budget the pacer paces
+    at right after each 429: a call's first 429 cuts it at once, ``planner.provisional_cut``)."""
     policy, run = _planner_policy(scenario)
     budgets_seen: list[dict[str, float | None]] = []
     tick = policy.tick
     throttled: list[float] = []
     on_response = policy.on_response
 
-    after_429: list[tuple[float, float]] = []  # (time, token budget) right after each 429
+    after_429: list[tuple[float, float]] = []  # (time, pacer's token budget) after each 429
 
     def recording_response(now: float, call: int, classification: Any) -> None:
         if classification is not None:
             throttled.append(now)
         on_response(now, call, classification)
         if classification is not None:
-            after_429.append((now, policy.state.budgets.tokens_per_s))
+            after_429.append((now, policy.pacer.budgets.tokens_per_s))
 
     policy.on_response = recording_response  # type: ignore[method-assign]
 

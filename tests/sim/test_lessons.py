@@ -163,9 +163,9 @@ def test_unknown_429s_of_a_token_limit_do_not_cut_the_output_budget_to_nothing()
 
 def test_a_429_that_states_a_lower_limit_caps_the_budget_at_once() -> None:
     """An OpenAI-style limit drop: the first 429 after it carries the new limit in its headers,
-    and the controller caps the budget to it there and then (as the production planner does,
-    which steps a window's 429s and headers together), not a blind cut left above the new limit
-    until the next tick while the pacer keeps sending into the provider's emptier bucket."""
+    and the pacer's budget comes under it there and then (``planner.provisional_cut``, as the
+    gateway's pacer does), not a blind cut left above the new limit until the planner's next
+    tick while the pacer keeps sending into the provider's emptier bucket."""
     scenario = parse_scenario(
         parametric(
             provider={
