@@ -5,6 +5,8 @@ have seen in the window: the classified 429s and the latest rate-limit headers (
 scenario's header style; nothing with ``none``), pushes the budgets to the pacer
 (``planner.pacer.PacerCore``, which every call of the fleet goes through) and sizes the fleet
 with ``planner.sizing.decide`` from the live tasks' ages, the booting count and the queue.
+Between ticks a call's first 429 cuts the pacer at once, as the gateway's pacer does
+(``planner.provisional_cut``); the controller acts on it at the tick.
 
 The curve it sizes on and the pacer as the simulator's gate are ``sim.pacer_gate``'s. Only
 what a real deployment knows is used: the alias config (seed, cache-counting belief), the
