@@ -138,6 +138,7 @@ class PlannerPolicy:
         )
         self._pacer_gate = PacerGate(self.pacer, workload)
         self._stated_by_429: dict[LimitType, float] = {}  # limits the window's 429s stated
+        self._gateway_verdict = False  # the gateway judged a token 429: cache reads count
         self.provisional = ProvisionalCuts(
             self.state.budgets, cooldown_s=self.controller.cooldown_s
         )
@@ -240,7 +241,10 @@ class PlannerPolicy:
                     and not self.counting.cached_input_counts
                     and infer_cached_input_counts([window], believed=False)
                 ):
-                    self._recount(True, now)
+                    # the gateway's pacer counts cache reads from this 429 on; the planner
+                    # adopts the verdict (budgets, sizing) at its tick
+                    self.pacer.cached_input_counts = True
+                    self._gateway_verdict = True
         first = call not in self._rejected
         # as the gateway's pacer does (planner.provisional_cut): a call's first 429 cuts the
         # classes it hits at once, until the controller acts on it at the tick
@@ -430,6 +434,9 @@ class PlannerPolicy:
             if view is not None and view.remaining:
                 self._observe_remaining(view, now)
         self._stated_by_429 = {}
+        if self._gateway_verdict and not self.counting.cached_input_counts:
+            self._recount(True, now)
+        self._gateway_verdict = False
         self._judge_throttle(now)
         self._check_counting(view, now)
         self._throttles.extend(

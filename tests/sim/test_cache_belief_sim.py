@@ -125,3 +125,46 @@ def test_calls_still_in_flight_never_flip_a_right_belief(counts: bool) -> None:
     policy, row = simulate_planner(scenario.model_copy(update={"harness": slow}))
     assert policy.recounted == []
     assert row["rate_429"] <= 0.005
+
+
+def test_the_gateways_verdict_paces_at_once_and_the_planner_adopts_it_at_its_tick() -> None:
+    """As in production: at a token 429 whose span shows cache reads counted against a belief
+    that they are not, the gateway's pacer counts them from that 429 on, and the planner
+    (budgets, sizing) adopts the verdict at its next tick, not there and then (wide-53 of
+    ``sim.generate_wide``: Anthropic headers, the provider counts cache reads, the operator
+    believes not)."""
+    from sim.bench import make_policy
+    from sim.engine import Simulation
+    from sim.generate_wide import wide_scenario
+    from sim.limits import ProviderLimits
+    from sim.metrics import limit_spec
+
+    scenario = wide_scenario(53)
+    assert scenario.provider.cached_input_counts and not scenario.alias_config.cached_input_counts
+    workload = build_workload(scenario)
+    spec, changes = limit_spec(scenario)
+    provider = ProviderLimits(spec, changes)
+    policy = make_policy("planner", scenario, workload, provider)
+    assert isinstance(policy, PlannerPolicy)
+    pacer_at: list[tuple[float, bool]] = []  # (when the pacer flipped, the planner's belief)
+    planner_at: list[float] = []
+    on_response, tick = policy.on_response, policy.tick
+
+    def recording_response(now: float, call: int, classification: object) -> None:
+        on_response(now, call, classification)  # type: ignore[arg-type]
+        if policy.pacer.cached_input_counts and not pacer_at:
+            pacer_at.append((now, policy.counting.cached_input_counts))
+
+    def recording_tick(fleet: object) -> int:
+        ceiling = tick(fleet)  # type: ignore[arg-type]
+        if policy.counting.cached_input_counts and not planner_at:
+            planner_at.append(fleet.now)  # type: ignore[attr-defined]
+        return ceiling
+
+    policy.on_response = recording_response  # type: ignore[method-assign]
+    policy.tick = recording_tick  # type: ignore[method-assign]
+    Simulation(workload, policy, provider, scenario.provider.headers).run()
+    assert pacer_at and planner_at, (pacer_at, planner_at)
+    (flipped, believed_then), (adopted,) = pacer_at[0], planner_at
+    assert not believed_then  # the pacer first, on the gateway's word
+    assert flipped < adopted <= flipped + 15.0  # the planner at its next tick
