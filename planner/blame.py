@@ -21,6 +21,7 @@ from planner.budget_state import BudgetClass, Budgets, BudgetState, ControllerCo
 from planner.classify import LimitType
 
 __all__ = [
+    "NOT_RATE_LIMITS",
     "blamed_classes",
     "classes_hit",
     "classes_of_limit",
@@ -32,6 +33,11 @@ __all__ = [
     "steadiest",
     "steady_overrides_share",
 ]
+
+
+#: 429s that say nothing of a per-minute budget: spend, overload, a per-day limit, none; the
+#: controller cuts nothing for them, nor does the pacer's provisional cut
+NOT_RATE_LIMITS = frozenset({LimitType.SPEND, LimitType.OVERLOAD, LimitType.DAILY, LimitType.NONE})
 
 
 def classes_of_limit(

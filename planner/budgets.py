@@ -134,6 +134,7 @@ from dataclasses import replace
 
 from planner import budget_moves
 from planner.blame import (
+    NOT_RATE_LIMITS,
     blamed_classes,
     classes_hit,
     drained_steadiness_overrules,
@@ -328,11 +329,7 @@ def step(
         notes.append("spend or billing error: pausing the run")
 
     # 4./5. 429s: freeze, cut only what was hit, re-base on repeated cuts below the seed.
-    rate_throttles = [
-        (lt, ra)
-        for lt, ra in obs.throttles
-        if lt not in (LimitType.SPEND, LimitType.OVERLOAD, LimitType.DAILY, LimitType.NONE)
-    ]
+    rate_throttles = [(lt, ra) for lt, ra in obs.throttles if lt not in NOT_RATE_LIMITS]
     hit: set[BudgetClass] = set()
     cut: list[BudgetClass] = []
     rebased: list[BudgetClass] = []

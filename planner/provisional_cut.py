@@ -28,7 +28,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from planner.blame import classes_of_limit
+from planner.blame import NOT_RATE_LIMITS, classes_of_limit
 from planner.budget_headers import header_budgets
 from planner.budgets import BudgetClass, Budgets, TokenClass
 from planner.classify import LimitType
@@ -39,8 +39,6 @@ __all__ = ["CUT", "HOLD_S", "ProvisionalCuts"]
 CUT = 0.75
 #: How long a provisional cut stands when no push of the planner replaces it: two ticks.
 HOLD_S = 30.0
-#: 429s that say nothing of a per-minute budget: the controller cuts nothing for them
-_NOT_RATE_LIMITS = frozenset({LimitType.SPEND, LimitType.OVERLOAD, LimitType.DAILY, LimitType.NONE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +94,7 @@ class ProvisionalCuts:
         output limit gets a budget where there is none); then each class the controller would
         cut (``classes_of_limit``; none for spend, overload or a per-day limit) that the pacer
         has not cut within ``cooldown_s`` goes down by ``factor``. Returns the classes moved."""
-        if limit_type in _NOT_RATE_LIMITS:
+        if limit_type in NOT_RATE_LIMITS:
             return ()
         caps = (
             header_budgets(stated, token_class=token_class, has_output_budget=True)
