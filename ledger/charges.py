@@ -12,6 +12,7 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
   request plus its pacer wait), for the dip of a reading (``planner.cache_counting.dip_window``).
 * ``throttled_bucket``: the first token 429 of the latest storm, as a reading of the counted
   token bucket (empty, at the 429).
+* ``stated_complete_before``: that word alone (``tasks.plan_settle``).
 * ``longest_recent_wait``: the longest time from a call's request to its answer (pacer wait plus
   latency) over a recent look-back: how long a span waits for its calls when the gateway's
   observation does not say (one written by an older gateway).
@@ -43,6 +44,7 @@ __all__ = [
     "counted_bucket",
     "longest_recent_wait",
     "sent_between",
+    "stated_complete_before",
     "throttled_bucket",
 ]
 
@@ -103,6 +105,15 @@ def throttled_bucket(
         return None
     sent_at = reading.sent_at.timestamp()
     return BucketReading(sent_at, limit / 60.0, remaining, sent_at), reading.gateway_counts
+
+
+def stated_complete_before(conn: Connection, alias: str) -> float | None:
+    """The gateway's word, with ``alias``'s latest observation, that every call requested
+    before this time (epoch seconds) has been answered and recorded (None: it does not say)."""
+    raw = conn.execute(
+        select(AliasObservation.limits).where(AliasObservation.alias == alias)
+    ).scalar_one_or_none()
+    return _epoch(raw.get(COMPLETE_BEFORE_KEY)) if isinstance(raw, dict) else None
 
 
 def _epoch(value: object) -> float | None:

@@ -121,6 +121,10 @@ def state_to_json(state: BudgetState) -> dict[str, Any]:
         ],
         "answered": state.answered,
         "throttled": state.throttled,
+        "unsettled_reprobe": {
+            str(k): {"at": at, "drawn": drawn, "kept": kept}
+            for k, (at, drawn, kept) in state.unsettled_reprobe.items()
+        },
     }
 
 
@@ -159,6 +163,24 @@ def _budgets_from(data: Any, key: str, problems: list[str]) -> Budgets | None:
     except TypeError as exc:
         problems.append(f"{key}: {exc}")
     return None
+
+
+def _unsettled(
+    data: Mapping[str, Any], problems: list[str]
+) -> dict[BudgetClass, tuple[float, float, float]]:
+    """``unsettled_reprobe``: absent in states saved before re-probes were settled ({})."""
+    out: dict[BudgetClass, tuple[float, float, float]] = {}
+    for cls, item in _class_map(data, "unsettled_reprobe", problems).items():
+        fields = ("at", "drawn", "kept")
+        values = [item.get(f) for f in fields] if isinstance(item, dict) else []
+        numbers = [
+            float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)
+        ]
+        if not isinstance(item, dict) or set(item) != set(fields) or len(numbers) != len(fields):
+            problems.append(f"unsettled_reprobe.{cls}: must hold numbers at, drawn and kept")
+            continue
+        out[cls] = (numbers[0], numbers[1], numbers[2])
+    return out
 
 
 def _samples(
@@ -238,6 +260,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
             ):
                 problems.append(f"{name}.{cls}: must be numbers")
     samples = _samples(data, problems)
+    unsettled = _unsettled(data, problems)
     observed_at = data.get("observed_at")
     if observed_at is not None and not isinstance(observed_at, int | float):
         problems.append("observed_at: must be a number or null")
@@ -281,6 +304,7 @@ def state_from_json(data: Any, *, source: str) -> BudgetState:
         class_seeded_at={k: float(v) for k, v in maps["class_seeded_at"].items()},
         answered=bool(flags["answered"]),
         throttled=bool(flags["throttled"]),
+        unsettled_reprobe=unsettled,
     )
 
 

@@ -67,6 +67,15 @@ def cut(
     remembered, memory = _level_memory(
         state, cls, drawn, now, config, unchecked=unchecked, drained=drained
     )
+    unsettled = {k: v for k, v in state.unsettled_reprobe.items() if k != cls}
+    if (
+        drained is not None
+        and not stated
+        and _kept_old_level(state, cls, drawn, remembered, now, config)
+    ):
+        # the drained rate that judged the re-probe missed the calls then in flight: once
+        # they are answered, the settled rate may show the limit rose after all
+        unsettled[cls] = (now, drawn, remembered)
     if stated:
         # a confirmation of a stated limit does not double its memory: there is no staircase
         # of re-probes to spare (the cut goes under the stated limit at once), and the memory
@@ -109,6 +118,7 @@ def cut(
             seed_source="controller" if rebased else state.seed_source,
             last_429_level={**state.last_429_level, cls: remembered},
             last_429_at={**state.last_429_at, cls: now},
+            unsettled_reprobe=unsettled,
             level_memory_s={**state.level_memory_s, cls: memory},
             last_cut_at={**state.last_cut_at, cls: now},
             cuts_below_seed={**state.cuts_below_seed, cls: cuts},
@@ -213,6 +223,25 @@ def _remembered(
             return served, fresh
         return min(level, previous), min(2.0 * memory, config.memory_max_s)
     return level, fresh
+
+
+def _kept_old_level(
+    state: BudgetState,
+    cls: BudgetClass,
+    level: float,
+    remembered: float,
+    now: float,
+    config: ControllerConfig,
+) -> bool:
+    """A 429 at ``level`` was a re-probe past the old level that kept it (``_remembered``'s
+    confirmation branch, not its rise)."""
+    previous = state.last_429_level.get(cls)
+    return (
+        previous is not None
+        and not state.remembers_429_level(cls, now, config)
+        and previous < level <= previous * config.reprobe_same
+        and remembered <= previous
+    )
 
 
 def _eased(

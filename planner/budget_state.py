@@ -275,6 +275,13 @@ class BudgetState:
     # it has rejected a call for a rate limit: together they end the launch ramp (``ramping``)
     answered: bool = False
     throttled: bool = False
+    # per class, a re-probe's 429 that kept the old level (``budget_moves``): (when, the level
+    # it was drawn at, the level kept); the drained rate read then missed the calls in
+    # flight, and once they are answered the settled rate may show the limit rose
+    # (``planner.settled_drain``)
+    unsettled_reprobe: Mapping[BudgetClass, tuple[float, float, float]] = field(
+        default_factory=dict
+    )
 
     def ramping(self) -> bool:
         """Whether the fleet is still launched gradually (``planner.sizing.SizingConfig``'s
@@ -381,6 +388,9 @@ class WindowObservation:
     ``largest_accepted``: per token class (counted tokens, output tokens), the tokens of the
     largest single call the provider accepted in the window, counted as the alias counts them
     (rule 8). None: nothing is proven by one call.
+    ``settled_drained``: per class with an unsettled re-probe (``BudgetState.unsettled_reprobe``),
+    how fast its bucket was drained up to that re-probe's step (``planner.drain``), read once
+    every call requested before it was answered (``planner.settled_drain``).
     ``sized_by_inflight``: the previous decision's fleet was sized by the in-flight budget
     (``planner.inflight_use.sized_by_inflight``); where the provider states its limits, the
     window then counts it as used in full (``planner.inflight_use``).
@@ -397,6 +407,7 @@ class WindowObservation:
     answered: int = 0
     largest_accepted: Mapping[BudgetClass, float] | None = None
     sized_by_inflight: bool = False
+    settled_drained: Mapping[BudgetClass, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,10 @@ Rules, in the order ``step`` applies them:
    429 named no limit, how fast the class's bucket was drained
    (``WindowObservation.drained``) tells the two apart better than the level the re-probe
    reached: drained ``reprobe_rise`` x above what the old level allowed, the limit
-   rose, and the drained rate is remembered instead. A 429 of an unknown limit draws the blame only on
+   rose, and the drained rate is remembered instead; a re-probe that kept the old level is
+   judged so again once the calls in flight at it are answered (the rate read at the tick
+   missed them: ``WindowObservation.settled_drained``, ``planner.settled_drain``). A 429 of an
+   unknown limit draws the blame only on
    the class the provider accepted most of relative to its budget (when what it accepted was
    measured; read as how fast each bucket was drained, ``WindowObservation.drained``, where
    the gateway says): the other classes are cut too, but their levels stay allowed and the cut does
@@ -164,6 +167,7 @@ from planner.budget_state import (
 from planner.classify import LimitType
 from planner.inflight_use import inflight_use
 from planner.recount import recounted
+from planner.settled_drain import settled
 
 __all__ = [
     "BudgetClass",
@@ -327,6 +331,10 @@ def step(
             )
     if spend:
         notes.append("spend or billing error: pausing the run")
+
+    # a re-probe judged again on its settled drained rate (planner.settled_drain)
+    state, settle_notes = settled(state, obs.settled_drained, now, config)
+    notes.extend(settle_notes)
 
     # 4./5. 429s: freeze, cut only what was hit, re-base on repeated cuts below the seed.
     rate_throttles = [(lt, ra) for lt, ra in obs.throttles if lt not in NOT_RATE_LIMITS]

@@ -38,7 +38,6 @@ from planner.cache_counting import infer_cached_input_counts
 from planner.classify import Classification, LimitType
 from planner.curves import HarnessCurve
 from planner.decision import Decision, Quantity
-from planner.drain import LOOKBACK_S, drained_rate
 from planner.drain_belief import DrainEvidence, DrainSample, judged
 from planner.inflight_use import sized_by_inflight
 from planner.pacer import (
@@ -61,6 +60,7 @@ from planner.sizing import (
     steady_state,
 )
 from sim.charge_tracker import ChargeTracker
+from sim.drain_book import DrainBook
 from sim.engine import FleetView, Gate
 from sim.pacer_gate import PacerGate, scenario_curve
 from sim.scenario import Scenario
@@ -73,9 +73,6 @@ _BUDGET_CLASS = {
     Quantity.INFLIGHT_TOKENS: BudgetClass.INFLIGHT,
 }
 HeadersNow = Callable[[float], Classification | None]
-# responses arrive out of request order by up to a call's latency: the drain events older than
-# the lookback by this much are trimmed
-DRAIN_TRIM_SLACK_S = 120.0
 
 
 class PlannerPolicy:
@@ -163,14 +160,7 @@ class PlannerPolicy:
         self._cached = workload.cached.tolist()
         self.charges = ChargeTracker()
         self._admit_at: dict[int, float] = {}
-        # (requested at, amount) of what the provider accepted of each class over the last
-        # drain.LOOKBACK_S: the blame's drained rates; tokens counted both ways (cache reads
-        # counted or not), so that after a recount the rate reads the new units at once, as
-        # the planner tick's read of the ledger does
-        self._drain_events: dict[BudgetClass, deque[tuple[float, float]]] = {
-            c: deque() for c in (BudgetClass.REQUESTS, BudgetClass.OUTPUT_TOKENS)
-        }
-        self._token_drain: dict[bool, deque[tuple[float, float]]] = {True: deque(), False: deque()}
+        self.drains = DrainBook(self._counted_as, self._output)
         # the drained rates at the latest steps that read them (planner.drain_belief)
         self._belief_samples = DrainEvidence()
 
@@ -197,19 +187,7 @@ class PlannerPolicy:
 
     def on_response(self, now: float, call: int, classification: Classification | None) -> None:
         if classification is None:
-            at = self._admit_at.pop(call, now)
-            for events, amount in (
-                (self._drain_events[BudgetClass.REQUESTS], 1.0),
-                (self._drain_events[BudgetClass.OUTPUT_TOKENS], self._output[call]),
-                (self._token_drain[True], self._counted_as[True][call]),
-                (self._token_drain[False], self._counted_as[False][call]),
-            ):
-                events.append((at, amount))
-                # appended at responses, so not quite in time order: trimmed with a call's
-                # latency of slack (drained_rate reads only what is within the lookback); a
-                # call answered after longer than that is itself trimmed, emptying the deque
-                while events and events[0][0] < now - LOOKBACK_S - DRAIN_TRIM_SLACK_S:
-                    events.popleft()
+            self.drains.accepted(self._admit_at.pop(call, now), now, call)
             self._answered += 1
             if now - self._last_read >= JUDGE_EVERY_S:
                 # the gateway reads every success's headers; once a second is what it judges by
@@ -296,18 +274,11 @@ class PlannerPolicy:
     def _drained(self, now: float) -> dict[BudgetClass, float]:
         """Per budget class, how fast the provider's bucket was drained (``planner.drain``),
         tokens counted as believed."""
-        classes = [
-            (BudgetClass.REQUESTS, self._drain_events[BudgetClass.REQUESTS]),
-            (BudgetClass.TOKENS, self._token_drain[self.counting.cached_input_counts]),
-        ]
-        if self.state.budgets.output_tokens_per_s is not None:
-            classes.append(
-                (BudgetClass.OUTPUT_TOKENS, self._drain_events[BudgetClass.OUTPUT_TOKENS])
-            )
-        return {
-            cls: drained_rate((e for e in events if e[0] >= now - LOOKBACK_S), now)
-            for cls, events in classes
-        }
+        return self.drains.rates(
+            now,
+            cached_input_counts=self.counting.cached_input_counts,
+            with_output=self.state.budgets.output_tokens_per_s is not None,
+        )
 
     def _drained_for_blame(self, now: float) -> dict[BudgetClass, float]:
         """The drained rates a step's blame of a 429 that names no limit reads, as the planner
@@ -316,8 +287,7 @@ class PlannerPolicy:
         first, and the rates read the new units."""
         believed = self.counting.cached_input_counts
         drained = self._drained(now)
-        other = self._token_drain[not believed]
-        other_rate = drained_rate((e for e in other if e[0] >= now - LOOKBACK_S), now)
+        other_rate = self.drains.rate(BudgetClass.TOKENS, now, cached_input_counts=not believed)
         self._belief_samples, measured = judged(
             self._belief_samples, DrainSample.of(drained, other_rate)
         )
@@ -468,6 +438,12 @@ class PlannerPolicy:
             answered=self._answered,
             largest_accepted=self._take_largest(),
             sized_by_inflight=last is not None and sized_by_inflight(last.binding, last.sized_by),
+            # a re-probe's drained rate read again once its calls in flight are answered
+            settled_drained=self.drains.settled(
+                self.state.unsettled_reprobe,
+                self.charges.complete_before(now),
+                cached_input_counts=self.counting.cached_input_counts,
+            ),
         )
         self._throttles.clear()
         self._answered = 0

@@ -67,6 +67,7 @@ from planner.inflight_use import sized_by_inflight
 from planner.sizing import Counting, OverdriveConfig, SizingConfig, hold_overdrive, steady_state
 from tasks.ledger_io import engine
 from tasks.plan_counting import CountingEvidence, advance, judge_by_drain
+from tasks.plan_settle import settled_drained
 
 log = logging.getLogger(__name__)
 
@@ -396,6 +397,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
                 if window.throttles
                 else None
             )
+            settled = settled_drained(conn, name, state, now)
         if headers and state.is_stale(now.timestamp()):
             state = _reseeded(state, headers)
         utilisation = window.utilisation(state.budgets, prior.window_s)
@@ -411,6 +413,7 @@ def advance_budgets(now: datetime, harnesses: dict[str, str]) -> dict[str, Budge
             answered=window.answered,
             largest_accepted=window.largest_accepted(),
             sized_by_inflight=_sized_by_inflight(prior, previous),
+            settled_drained=settled,
         )
         state, actions = step(state, obs, cfg)
         if counts != state.cached_input_counts:

@@ -46,6 +46,7 @@ from ledger.charges import (
     counted_bucket,
     longest_recent_wait,
     sent_between,
+    stated_complete_before,
     throttled_bucket,
 )
 from planner.budget_state import BudgetClass, TokenClass
@@ -291,6 +292,12 @@ def _throttle_window(
     sent = calls_sent_between(conn, alias, since, until, token_class)
     retries = sent_between(conn, alias, since, until, token_class, retries_only=True)
     return throttle_window(start, throttled, sent, retries)
+
+
+def recorded_through(conn: Connection, alias: str, now: datetime) -> float:
+    """Epoch seconds by which the alias's calls requested are all recorded (``_complete_horizon``
+    on the gateway's word, read alone)."""
+    return _complete_horizon(conn, alias, stated_complete_before(conn, alias), now)
 
 
 def _complete_horizon(conn: Connection, alias: str, stated: float | None, now: datetime) -> float:

@@ -49,6 +49,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         rebase_up_streak={BudgetClass.TOKENS: 2},
         proven_rate={BudgetClass.TOKENS: 24_000.0},
         class_seeded_at={BudgetClass.TOKENS: 96.0},
+        unsettled_reprobe={BudgetClass.TOKENS: (99.0, 30_000.0, 20_000.0)},
     )
     assert pacer_state.state_from_json(pacer_state.state_to_json(busy), source="t") == busy
     # a state saved before the re-base-up rule (or the steadiest-class blame) lacks their fields
@@ -64,6 +65,7 @@ def test_state_round_trips_through_json_without_infinities() -> None:
         "proven_rate",
         "last_stated",
         "class_seeded_at",
+        "unsettled_reprobe",
     ):
         del old[key]
     assert pacer_state.state_from_json(old, source="t") == state
@@ -82,8 +84,10 @@ def test_a_malformed_stored_state_is_a_config_error_naming_the_field() -> None:
         {"at": 1.0, "rates": {"tokens": 5.0}},
         {"at": 2.0, "rates": {"x": 1}},
     ]
+    data["unsettled_reprobe"] = {"tokens": {"at": 1.0, "drawn": "high", "kept": 2.0}}
     with pytest.raises(ConfigError) as err:
         pacer_state.state_from_json(data, source="pacer_states 'x'")
     text = str(err.value)
     assert "budgets.calls_per_s" in text and "token_class" in text and "pacer_states" in text
     assert "unknown_samples[1].rates.x" in text and "unknown_samples[0]" not in text
+    assert "unsettled_reprobe.tokens" in text

@@ -21,7 +21,7 @@ from sim.workload import build_workload
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _planner_policy(
+def planner_and_run(
     scenario: Scenario, controller: ControllerConfig | None = None
 ) -> tuple[PlannerPolicy, Callable[[], dict[str, Any]]]:
     """The planner policy for a run on ``scenario`` with ``controller`` (default: the
@@ -47,7 +47,7 @@ def planner_run(
 ) -> tuple[PlannerPolicy, dict[str, Any]]:
     """The planner policy after a run on ``scenario`` (its decisions, recounts, state), with
     ``controller`` (default: the shipped), and its result row."""
-    policy, run = _planner_policy(scenario, controller)
+    policy, run = planner_and_run(scenario, controller)
     return policy, run()
 
 
@@ -56,7 +56,7 @@ def simulate_planner(scenario: Scenario) -> tuple[PlannerPolicy, dict[str, Any]]
     with what the lesson tests read: ``budgets`` (the calls and token budgets after each
     tick), ``late_429`` (429s after 900 s) and ``after_429`` (the token budget the pacer paces
     at right after each 429: a call's first 429 cuts it at once, ``planner.provisional_cut``)."""
-    policy, run = _planner_policy(scenario)
+    policy, run = planner_and_run(scenario)
     budgets_seen: list[dict[str, float | None]] = []
     tick = policy.tick
     throttled: list[float] = []
