@@ -87,7 +87,7 @@ def apply_headers(
     ]
     if raised:
         # the provider raised a limit it states: a 429 level drawn under the old one says
-        # nothing of the new (else the budget waits out the 429 memory, 20 minutes, below a
+        # nothing of the new (else the budget waits out the 429 memory, 15 minutes, below a
         # limit the provider has just stated)
         state = state.keeping_429_memory(lambda k: k not in raised)
         notes.extend(f"{cls}: stated limit raised: its 429 memory is dropped" for cls in raised)

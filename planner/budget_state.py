@@ -103,15 +103,20 @@ class ControllerConfig:
     # about 1.75x at full demand (the excess over the limit, summed over the windows, reaches
     # the bucket's 60 s at the 11th-12th window: 1.05^11.5). Unchanged limits drew their
     # re-probe 429s at 1.27x-1.75x (random-401, random-413, random-515), which 1.2 took for
-    # raised limits, each the start of a staircase of 429s
-    memory_s: float = 1200.0
+    # raised limits, each the start of a staircase of 429s. 15 minutes, not 20: without
+    # headers a limit raised mid-run is found only by a re-probe, and most of the header-less
+    # runs that missed a target had one (8 of 12 in the seventh batch); at 900 s the header-less
+    # rows of batches five to seven run 0.35% faster on the mean with 4% more 429s (600 s: the
+    # same speed, 9% more 429s; docs/bench-planner.md, thirty-seventh round)
+    memory_s: float = 900.0
     memory_max_s: float = 4800.0
     # how long a stated limit stays a hard cap without being stated again [60, 86400]. Success
     # headers restate theirs on every response; a limit stated only by a 429's message (OpenAI
     # names an output-token limit there, never in its headers) would otherwise cap the budget
     # for the rest of the run, after the provider raised it too (wide-64 of sim.generate_wide:
-    # an output limit doubled an hour in, the budget held at the old one for seven hours)
-    stated_cap_memory_s: float = 1200.0
+    # an output limit doubled an hour in, the budget held at the old one for seven hours). The
+    # same as memory_s: a 429 that states its limit leaves both, and they lapse together
+    stated_cap_memory_s: float = 900.0
     reprobe_same: float = 1.8
     # a re-probe whose drained rate (planner.drain, read where a 429 names no limit) would hold
     # the class this much above its old level found a raised limit [1, 4] (budget_moves)

@@ -49,7 +49,7 @@ Rules, in the order ``step`` applies them:
    the last cut (a per-minute provider bucket still in debt): the budget only eases by
    ``probe_margin`` and the level is not remembered as one that drew a 429 (else a
    conservative cut would cap the budget below the limit for ``memory_s``). The level that drew
-   the 429 is remembered for ``memory_s`` (20 minutes); where the 429 named no limit, at most
+   the 429 is remembered for ``memory_s`` (15 minutes); where the 429 named no limit, at most
    ``drained_memory_over`` x how fast the class's bucket was drained
    (``WindowObservation.drained``, about the limit at a 429 of the class; not below two cuts
    under the level): a per-minute bucket lets a budget climb far past the limit before it
@@ -60,7 +60,7 @@ Rules, in the order ``step`` applies them:
    re-probe reach, which a cut from leaves above the limit) and the class's memory doubles,
    up to ``memory_max_s`` (80 minutes), so a
    steady limit is re-probed ever more rarely while one raised mid-run (no header says so) is
-   found within 20 minutes. Not where the 429 stated the class's limit (a header, or the
+   found within 15 minutes. Not where the 429 stated the class's limit (a header, or the
    message of an OpenAI output-token 429): the cut goes under the stated limit at once, so
    there is no staircase of re-probes to spare, and the memory stays ``memory_s``. Where the
    429 named no limit, how fast the class's bucket was drained

@@ -133,6 +133,9 @@ def test_a_budget_is_not_re_based_up_without_clean_evidence(case: str) -> None:
         s, _ = window(s, 15.0, LimitType.REQUESTS)  # drew a 429 at 50/s
         s = replace(s, budgets=s.budgets.with_value(BudgetClass.REQUESTS, 50.0))
     kw: dict[str, object] = {} if case == "no-utilisation" else {"utilisation": util}
+    if case == "header-limit":
+        # success headers restate the limit on every response (else its cap lapses)
+        kw["observed_limits"] = {LimitType.REQUESTS: 4500.0}
     windows = int(3 * CFG.rebase_up_s / 15.0)
     # interrupted (used at 10%) once per the hold that used at 0.95 proves the seed in (rule
     # 7), less one window

