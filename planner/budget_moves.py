@@ -64,15 +64,11 @@ def cut(
             measured = delivered * (1.0 - config.probe_margin)
             new_value = max(min(new_value, measured), level * config.cut * config.cut)
     drawn = level if drawn_at is None else max(level, drawn_at)
-    remembered, memory = _level_memory(
+    remembered, memory, kept_old = _level_memory(
         state, cls, drawn, now, config, unchecked=unchecked, drained=drained
     )
     unsettled = {k: v for k, v in state.unsettled_reprobe.items() if k != cls}
-    if (
-        drained is not None
-        and not stated
-        and _kept_old_level(state, cls, drawn, remembered, now, config)
-    ):
+    if drained is not None and not stated and kept_old:
         # the drained rate that judged the re-probe missed the calls then in flight: once
         # they are answered, the settled rate may show the limit rose after all
         unsettled[cls] = (now, drawn, remembered)
@@ -158,8 +154,9 @@ def _level_memory(
     *,
     unchecked: bool = False,
     drained: float | None = None,
-) -> tuple[float, float]:
-    """The level a 429 at ``level`` leaves remembered, and for how long it caps growth.
+) -> tuple[float, float, bool]:
+    """The level a 429 at ``level`` leaves remembered, for how long it caps growth, and
+    whether it was a re-probe that kept the old level.
 
     A 429 while the last level is remembered (or the first) remembers its own level, for the
     class's memory. One after the memory lapsed is a re-probe: at about the same level (at most
@@ -190,14 +187,14 @@ def _level_memory(
     the provider's bucket idle: at ``1 / (1 - probe_margin)`` x it, 430 header-less runs
     were 2.9% slower on the mean; at 1.4x, 861 runs were 0.1% slower with 18% fewer 429s,
     and 720 met every target instead of 699 (docs/bench-planner.md, twenty-fifth round)."""
-    remembered, memory = _remembered(state, cls, level, now, config, unchecked, drained)
+    remembered, memory, kept_old = _remembered(state, cls, level, now, config, unchecked, drained)
     if drained is not None and drained > 0:
         # the bucket drained at about the limit: the level the per-minute bucket let the
         # budget reach before emptying can be far above it, and growth back to that level
         # draws the next 429
         capped = drained * config.drained_memory_over
         remembered = min(remembered, max(capped, level * config.cut * config.cut))
-    return remembered, memory
+    return remembered, memory, kept_old
 
 
 def _remembered(
@@ -208,40 +205,21 @@ def _remembered(
     config: ControllerConfig,
     unchecked: bool,
     drained: float | None,
-) -> tuple[float, float]:
+) -> tuple[float, float, bool]:
     """``_level_memory`` before the drained rate's cap."""
     fresh = min(config.unchecked_memory_s, config.memory_s) if unchecked else config.memory_s
     previous = state.last_429_level.get(cls)
     memory = state.level_memory_s.get(cls, fresh)
     if previous is None:
-        return level, fresh
+        return level, fresh, False
     if state.remembers_429_level(cls, now, config):
-        return level, max(memory, fresh)  # a named 429 lifts a guess's memory to memory_s
+        return level, max(memory, fresh), False  # a named 429 lifts a guess's memory to memory_s
     if level <= previous * config.reprobe_same:
         served = None if drained is None else min(level, drained / (1.0 - config.probe_margin))
         if served is not None and served > previous * config.reprobe_rise:
-            return served, fresh
-        return min(level, previous), min(2.0 * memory, config.memory_max_s)
-    return level, fresh
-
-
-def _kept_old_level(
-    state: BudgetState,
-    cls: BudgetClass,
-    level: float,
-    remembered: float,
-    now: float,
-    config: ControllerConfig,
-) -> bool:
-    """A 429 at ``level`` was a re-probe past the old level that kept it (``_remembered``'s
-    confirmation branch, not its rise)."""
-    previous = state.last_429_level.get(cls)
-    return (
-        previous is not None
-        and not state.remembers_429_level(cls, now, config)
-        and previous < level <= previous * config.reprobe_same
-        and remembered <= previous
-    )
+            return served, fresh, False
+        return min(level, previous), min(2.0 * memory, config.memory_max_s), level > previous
+    return level, fresh, False
 
 
 def _eased(
