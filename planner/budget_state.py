@@ -109,7 +109,11 @@ class ControllerConfig:
     # rows of batches five to seven run 0.35% faster on the mean with 4% more 429s (600 s: the
     # same speed, 9% more 429s; docs/bench-planner.md, thirty-seventh round)
     memory_s: float = 900.0
-    memory_max_s: float = 4800.0
+    # 40 minutes, not 80 (thirty-seventh round): a limit raised late in a long header-less run
+    # was found up to 80 minutes after; header-less rows of batches five to seven 0.17% faster
+    # on the mean, 4% more 429s, batch seven 154 -> 156 of 168. Also the span over which unknown
+    # 429s' samples, share re-bases and rule 7's slow start look back (they moved with it)
+    memory_max_s: float = 2400.0
     # how long a stated limit stays a hard cap without being stated again [60, 86400]. Success
     # headers restate theirs on every response; a limit stated only by a 429's message (OpenAI
     # names an output-token limit there, never in its headers) would otherwise cap the budget

@@ -58,7 +58,7 @@ Rules, in the order ``step`` applies them:
    limit: the old level
    stays remembered, the cut goes from it (not from the level the per-minute bucket let the
    re-probe reach, which a cut from leaves above the limit) and the class's memory doubles,
-   up to ``memory_max_s`` (80 minutes), so a
+   up to ``memory_max_s`` (40 minutes), so a
    steady limit is re-probed ever more rarely while one raised mid-run (no header says so) is
    found within 15 minutes. Not where the 429 stated the class's limit (a header, or the
    message of an OpenAI output-token 429): the cut goes under the stated limit at once, so

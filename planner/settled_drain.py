@@ -6,7 +6,7 @@ drained (``planner.budget_moves._level_memory``). The gateway records a call whe
 answered, so the drained rate read at the planner's tick misses the calls then in flight: at
 the 429s of wide-2879 it read 0.81-0.91 of the limit, and a limit raised by a third looked
 unchanged at every re-probe, so growth stayed held under the old level, its memory doubling
-to 80 minutes. The rate up to the 429's step, read once every call requested before it is
+to the longest it goes. The rate up to the 429's step, read once every call requested before it is
 answered (the gateway's ``complete_before``), misses nothing: ``drain.drained_rate`` is then
 the limit within one call. Where it shows the provider served ``reprobe_rise`` x more than
 the kept level allowed, the limit rose: the level remembered becomes what it served (``probe_margin`` over it, so

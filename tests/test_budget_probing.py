@@ -84,7 +84,7 @@ def test_a_429_of_any_limit_ends_the_speed_up_while_it_is_remembered() -> None:
             rebased_at.append(t)
     within = [b - a for a, b in pairwise(rebased_at) if b <= cut_at + CFG.memory_max_s]
     after = [b - a for a, b in pairwise(rebased_at) if a > cut_at + CFG.memory_max_s]
-    assert len(within) >= 5 and min(within) >= CFG.rebase_up_s
+    assert len(within) >= 3 and min(within) >= CFG.rebase_up_s
     assert after and max(after) < CFG.rebase_up_s
     # ... starting over from one: the re-bases held during the memory do not count
     assert after[0] >= CFG.rebase_up_s / CFG.rebase_up_speedup
