@@ -5,12 +5,13 @@ remembered is told from the re-probe of a raised limit by how fast the provider'
 drained (``planner.budget_moves._level_memory``). The gateway records a call when it is
 answered, so the drained rate read at the planner's tick misses the calls then in flight: at
 the 429s of wide-2879 it read 0.81-0.91 of the limit, and a limit raised by a third looked
-unchanged at every re-probe, so growth stayed held under the old level, its memory doubling
-to the longest it goes. The rate up to the 429's step, read once every call requested before it is
-answered (the gateway's ``complete_before``), misses nothing: ``drain.drained_rate`` is then
-the limit within one call. Where it shows the provider served ``reprobe_rise`` x more than
-the kept level allowed, the limit rose: the level remembered becomes what it served (``probe_margin`` over it, so
-growth stops at the drained rate), for ``memory_s``, as a re-probe the tick read as a rise.
+unchanged at every re-probe, so growth stayed held under the old level while its memory
+doubled. The rate up to the 429's step, read once every call requested before it is answered
+(the gateway's ``complete_before``), misses nothing: ``drain.drained_rate`` is then the limit
+within one call. Where it shows the provider served ``reprobe_rise`` x more than the kept
+level allowed, the limit rose: the level remembered becomes what it served (``probe_margin``
+over it, so growth stops at the drained rate; at most the level the 429 was drawn at), for
+``memory_s``, as for a re-probe the tick read as a rise.
 
 Pure: the state, the settled rates and the config in; the state out.
 """
