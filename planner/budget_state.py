@@ -364,9 +364,11 @@ class BudgetState:
 
     def keeping_429_memory(self, keep: Callable[[BudgetClass], bool]) -> BudgetState:
         """The state with the 429 levels and re-base counts of classes not kept dropped
-        (they were measured in other units, or misattributed)."""
+        (they were measured in other units, or misattributed), with the re-probes of those
+        levels waiting to be settled."""
         return replace(
             self,
+            unsettled_reprobe={k: v for k, v in self.unsettled_reprobe.items() if keep(k)},
             last_429_level={k: v for k, v in self.last_429_level.items() if keep(k)},
             last_429_at={k: v for k, v in self.last_429_at.items() if keep(k)},
             level_memory_s={k: v for k, v in self.level_memory_s.items() if keep(k)},

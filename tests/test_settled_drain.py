@@ -94,3 +94,12 @@ def test_only_a_reprobe_that_kept_the_old_level_waits() -> None:
     s = replace(s, budgets=replace(s.budgets, tokens_per_s=REPROBE))
     s, _ = window(s, t + 15.0, LimitType.TOKENS)
     assert s.last_429_level[TOK] == OLD and s.unsettled_reprobe == {}
+
+
+def test_a_reprobe_whose_429_memory_is_dropped_no_longer_waits() -> None:
+    # a recount or an operator's re-base drops the class's 429 level: the re-probe that kept
+    # it has nothing left to settle
+    s, _ = reprobed(20_500.0)
+    assert TOK in s.unsettled_reprobe
+    dropped = s.keeping_429_memory(lambda cls: cls != TOK)
+    assert dropped.unsettled_reprobe == {} and TOK not in dropped.last_429_level
