@@ -15,7 +15,12 @@ rule, so what the benchmark measures is what production runs. It owns:
     and admitting it moves its task a whole tool cycle on for few tokens, so under a token
     limit more tasks progress and the queue of instances drains sooner
     (docs/bench-planner.md); a big call waits at most its prompt / ``AGEING_TOKENS_PER_S``
-    seconds longer than in FIFO, so it is never starved;
+    seconds longer than in FIFO, so it is never starved. The bound is per call, not per
+    task: a task with a grown context waits that long at each of its calls, and under the
+    sizing's token overdrive a few such tasks can run several times their unthrottled
+    length (random-4744: tasks of at most 585 s still running at 3,000 s). Counting a
+    task's earlier waits toward its calls' ageing ends that, and was measured slower on
+    average (docs/bench-planner.md, thirty-eighth round);
   - the output-token bucket: a call's task age counts as much as its time queued (the rank is
     arrival time + task start time). A call's output does not grow with its task's age, so
     favouring small prompts there only favours young tasks and stretches the old ones, and the
