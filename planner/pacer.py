@@ -103,15 +103,22 @@ class _Bucket:
         self.level = capacity
 
     def refill(self, dt: float) -> None:
-        if dt > 0 and self.level < self.capacity:
-            self.level = min(self.capacity, self.level + dt * self.rate)
+        capacity = self.capacity
+        if dt > 0 and self.level < capacity:
+            level = self.level + dt * self.rate
+            self.level = level if level < capacity else capacity
 
     def wait_for(self, need: float) -> float:
-        short = min(need, self.capacity) - self.level
+        # on every look at the queue's head: comparisons, not min/max calls
+        capacity = self.capacity
+        short = (need if need < capacity else capacity) - self.level
+        if short <= 0.0:
+            return 0.0
         # the level is a running sum of charges and refills of up to ``capacity``: its rounding
         # error scales with that, not with ``need`` (a 13-token call once waited 4e-13 s, below
         # the clock's resolution, forever)
-        if short <= _EPS * max(1.0, need, self.capacity):
+        scale = need if need > capacity else capacity
+        if short <= _EPS * (scale if scale > 1.0 else 1.0):
             return 0.0
         return short / self.rate
 
@@ -230,7 +237,9 @@ class PacerCore:
         """Seconds until ``charge`` could be admitted (``inf``: blocked on in-flight)."""
         if self._inflight_blocks(charge):
             return math.inf
-        return max(self._rate_waits(charge))
+        calls, tokens, output = self._rate_waits(charge)
+        longest = calls if calls > tokens else tokens
+        return output if output > longest else longest
 
     def _admit(self, call_id: str, est: CallEstimate, charge: _Charge) -> None:
         self._calls.level -= 1.0
@@ -246,11 +255,20 @@ class PacerCore:
 
     def _drain(self) -> list[str]:
         out: list[str] = []
+        calls, tokens, output = self._calls, self._tokens, self._output
         while self._queue:
             _, _, call_id, est, charge, _ = self._queue[0]
-            waits = self._rate_waits(charge)
-            if self._inflight_blocks(charge) or max(waits) > 0:
-                self._note_hold(*waits)
+            # ``_rate_waits`` inlined: this runs on every request, poll and release
+            calls_wait = calls.wait_for(1.0)
+            tokens_wait = tokens.wait_for(charge.counted)
+            output_wait = 0.0 if output is None else output.wait_for(charge.output)
+            if (
+                calls_wait > 0.0
+                or tokens_wait > 0.0
+                or output_wait > 0.0
+                or self._inflight_blocks(charge)
+            ):
+                self._note_hold(calls_wait, tokens_wait, output_wait)
                 break
             heapq.heappop(self._queue)
             self._queued_ids.discard(call_id)
@@ -262,13 +280,13 @@ class PacerCore:
         """Count which bucket holds the head back, from its waits on the calls, counted-token
         and output buckets (a head held only by in-flight tokens says nothing of the rates).
         When that changes the order, the queued calls are re-ranked by the new one."""
-        if max(calls, tokens, output) <= 0:
+        if calls <= 0 and tokens <= 0 and output <= 0:
             return
         order = self._order
         self._held_by_calls *= _BLOCKED_DECAY
         self._held_by_tokens *= _BLOCKED_DECAY
         self._held_by_output *= _BLOCKED_DECAY
-        if output > max(tokens, calls):
+        if output > tokens and output > calls:
             self._held_by_output += 1.0
         elif tokens > calls:
             self._held_by_tokens += 1.0
@@ -289,7 +307,8 @@ class PacerCore:
     def _order(self) -> _Order:
         """The queue's order, from the bucket that has held the head back most (module
         docstring)."""
-        if self._held_by_output > max(self._held_by_tokens, self._held_by_calls):
+        output = self._held_by_output
+        if output > self._held_by_tokens and output > self._held_by_calls:
             return "task_age"
         if self._held_by_tokens > self._held_by_calls:
             return "prompt"
