@@ -18,7 +18,8 @@ rule, so what the benchmark measures is what production runs. It owns:
     seconds longer than in FIFO, so it is never starved. The bound is per call, not per
     task: a task with a grown context waits that long at each of its calls, and under the
     sizing's token overdrive a few such tasks can run several times their unthrottled
-    length (random-4744: tasks of at most 585 s still running at 3,000 s). Counting a
+    length (random-4744: four tasks started in its first minute still ran at 3,000 s, where
+    no instance runs over 585 s unthrottled). Counting a
     task's earlier waits toward its calls' ageing ends that, and was measured slower on
     average (docs/bench-planner.md, thirty-eighth round);
   - the output-token bucket: a call's task age counts as much as its time queued (the rank is
