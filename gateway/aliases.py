@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evalfleet.documents import load_document, validate
 from evalfleet.errors import NotFound
-from planner.pacer import HOLD_AFTER_429_S
+from planner.pacer import DEFAULT_BURST_S, DEFAULT_STATED_BURST_S, HOLD_AFTER_429_S
 
 Flavour = Literal["openai", "anthropic"]
 
@@ -47,13 +47,21 @@ class Prices(_Strict):
 
 
 class PacerSeed(_Strict):
-    """The pacer's five constants for an alias (the seed; the planner adapts the budgets)."""
+    """The pacer's constants for an alias (the seed; the planner adapts the budgets)."""
 
     calls_per_s: float = Field(gt=0, le=100_000)
     tokens_per_s: float = Field(gt=0, le=10**9)
     output_tokens_per_s: float | None = Field(default=None, gt=0, le=10**9)
     inflight_tokens: float = Field(gt=0, le=10**10)
     burst_s: float = Field(gt=0, le=600)
+    stated_burst_s: float = Field(
+        default=DEFAULT_STATED_BURST_S,
+        gt=0,
+        le=600,
+        description="Seconds of its rate a bucket holds once the provider's headers state it "
+        "(what remains of it): the provider's own bucket, mirrored, so its burst is used as it "
+        "allows; burst_s is the depth where nothing is stated.",
+    )
     cooldown_s: float = Field(ge=0, le=3600)
     hold_after_429_s: float = Field(
         default=HOLD_AFTER_429_S,
@@ -133,7 +141,7 @@ DEFAULT_ALIASES: dict[str, Any] = {
                 "calls_per_s": 9.0,
                 "tokens_per_s": 27_000.0,
                 "inflight_tokens": 400_000.0,
-                "burst_s": 2.0,
+                "burst_s": DEFAULT_BURST_S,
                 "cooldown_s": 30.0,
             },
         },
@@ -153,7 +161,7 @@ DEFAULT_ALIASES: dict[str, Any] = {
                 "tokens_per_s": 18_000.0,
                 "output_tokens_per_s": 3_600.0,
                 "inflight_tokens": 400_000.0,
-                "burst_s": 2.0,
+                "burst_s": DEFAULT_BURST_S,
                 "cooldown_s": 30.0,
             },
         },

@@ -82,6 +82,7 @@ class InProcessPacer:
         return PacerCore(
             budgets,
             alias.pacer.burst_s,
+            stated_burst_s=alias.pacer.stated_burst_s,
             token_class=token_class(alias),
             cached_input_counts=alias.cached_input_counts,
             now=self._clock(),

@@ -41,6 +41,8 @@ from planner.decision import Decision, Quantity
 from planner.drain_belief import DrainEvidence, DrainSample, judged
 from planner.inflight_use import sized_by_inflight
 from planner.pacer import (
+    DEFAULT_BURST_S,
+    DEFAULT_STATED_BURST_S,
     HOLD_AFTER_429_S,
     PacerCore,
     PacerUsage,
@@ -122,14 +124,14 @@ class PlannerPolicy:
         self.steady = steady_state(
             self.curve, self.counting, self.sizing.boot_s, self.sizing.integration_age_s
         )
-        if burst_s is None:
-            # A provider that states its per-minute limits can be mirrored exactly: a pacer
-            # bucket of one minute uses its burst as the provider allows. Without headers the
-            # budgets are guesses and a deep bucket would turn every over-guess into a burst.
-            burst_s = 60.0 if scenario.provider.headers != "none" else 2.0
+        # The gateway's defaults (planner.pacer): a bucket the provider states is mirrored a
+        # minute deep, so its burst is used as the provider allows; one it does not state is a
+        # guess, 20 s deep: a third of the provider's minute absorbs the fleet's bursts, and an
+        # over-guess bursts at most that far (2 s until the fortieth round: slower, as many 429s).
         self.pacer = PacerCore(
             self.state.budgets,
-            burst_s,
+            DEFAULT_BURST_S if burst_s is None else burst_s,
+            stated_burst_s=DEFAULT_STATED_BURST_S,
             token_class=self.token_class,
             cached_input_counts=ac.cached_input_counts,
         )

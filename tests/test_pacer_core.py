@@ -18,10 +18,10 @@ from planner.pacer import (
     CallEstimate,
     CallUsage,
     PacerCore,
-    _Bucket,
     classes_to_hold,
     hold_seconds,
 )
+from planner.pacer_bucket import Bucket
 from tests.pacer_support import budgets, drive, flood
 
 
@@ -219,6 +219,38 @@ def test_the_providers_remaining_caps_the_buckets_and_never_raises_them() -> Non
     assert pacer.levels(0.0)["tokens"] == pytest.approx(100.0)
 
 
+def test_a_bucket_the_provider_states_becomes_its_bucket_and_no_other_does() -> None:
+    pacer = PacerCore(
+        budgets(calls=10.0, tokens=1000.0, output=100.0), burst_s=2.0, stated_burst_s=60.0
+    )
+    assert pacer.levels(0.0) == {"calls": 20.0, "tokens": 2000.0, "output_tokens": 200.0}
+    pacer.observe_remaining({BudgetClass.TOKENS: 50_000.0}, 0.0)  # only tokens are stated
+    # the bucket becomes the provider's: as full as it says, and a minute of its rate deep
+    assert pacer.levels(0.0)["tokens"] == 50_000.0
+    pacer.observe_remaining({BudgetClass.TOKENS: 55_000.0}, 1.0)  # later: never raised
+    assert pacer.levels(1.0)["tokens"] == 51_000.0
+    assert pacer.levels(100.0) == {"calls": 20.0, "tokens": 60_000.0, "output_tokens": 200.0}
+    # a planner update keeps each class's depth
+    pacer.set_budgets(replace(pacer.budgets, tokens_per_s=500.0, calls_per_s=5.0), 100.0)
+    assert pacer.levels(200.0) == {"calls": 10.0, "tokens": 30_000.0, "output_tokens": 200.0}
+    # what the provider says remains still caps the deeper bucket
+    pacer.observe_remaining({BudgetClass.TOKENS: 700.0}, 200.0)
+    assert pacer.levels(200.0)["tokens"] == 700.0
+    # a bucket held empty after a 429 is deepened when first stated, not refilled
+    pacer.hold({BudgetClass.REQUESTS}, 5.0, 200.0)
+    pacer.observe_remaining({BudgetClass.REQUESTS: 300.0}, 200.0)
+    assert pacer.levels(200.0)["calls"] == -25.0
+    assert pacer.levels(400.0)["calls"] == 300.0  # a minute of 5 calls/s
+
+
+def test_without_a_stated_depth_a_stated_bucket_keeps_burst_s() -> None:
+    pacer = PacerCore(budgets(calls=10.0, tokens=1000.0), burst_s=2.0)
+    pacer.observe_remaining({BudgetClass.REQUESTS: 500.0, BudgetClass.TOKENS: 50_000.0}, 0.0)
+    assert pacer.levels(100.0) == {"calls": 20.0, "tokens": 2000.0}
+    with pytest.raises(ValueError, match="stated_burst_s"):
+        PacerCore(budgets(calls=10.0), burst_s=2.0, stated_burst_s=0.0)
+
+
 def test_a_hold_sends_nothing_for_its_seconds_of_refill() -> None:
     pacer = PacerCore(budgets(calls=10.0, tokens=1000.0), burst_s=2.0)
     pacer.hold({BudgetClass.REQUESTS, BudgetClass.TOKENS}, 5.0, 0.0)
@@ -304,7 +336,7 @@ def test_a_shortfall_within_the_buckets_rounding_waits_nothing() -> None:
     """The token bucket's level is a running sum of charges and refills as large as its
     capacity: once a 13-token call found it 1.6e-8 short and waited 4e-13 s, below the clock's
     resolution at t=4,863 s, so the simulator woke at the same instant forever."""
-    bucket = _Bucket(rate=40_000.0, capacity=2_400_000.0)
+    bucket = Bucket(rate=40_000.0, capacity=2_400_000.0)
     bucket.level = 12.99999998396379
     assert bucket.wait_for(13.0) == 0.0
     bucket.level = 12.0  # a real shortfall still waits for its refill

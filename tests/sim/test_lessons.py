@@ -38,15 +38,16 @@ def test_planner_keeps_the_limit_busy_without_429s_and_beats_baselines() -> None
 
 def test_request_count_429s_cut_only_the_calls_budget() -> None:
     """Lesson: a request-count 429 leaves the token budgets alone. (The headers state the
-    limit, so the pacer keeps under it; the request limit then drops to a fifth mid-run and the
-    bucket runs dry before the next reading.)"""
+    limit, so the pacer keeps under it; the request limit then drops to a tenth mid-run and the
+    bucket runs dry before the next reading. A drop to a fifth no longer draws a 429: the pacer
+    mirrors what the provider says remains, a minute deep.)"""
     scenario = parse_scenario(
         parametric(
             provider={
                 "rpm": 300,
                 "input_tpm": 10**8,
                 "headers": "openai",
-                "changes": [{"at_s": 200, "rpm": 60}],
+                "changes": [{"at_s": 200, "rpm": 30}],
             },
             alias_config={"calls_per_s": 9, "tokens_per_s": 50_000},
             instances=100,
@@ -63,15 +64,16 @@ def test_request_count_429s_cut_only_the_calls_budget() -> None:
 
 
 def test_token_429s_cut_only_the_token_budget() -> None:
-    """Lesson: a token 429 leaves the request budget alone. The token limit drops to a quarter
-    mid-run, and the provider's bucket runs dry before the headers say so."""
+    """Lesson: a token 429 leaves the request budget alone. The token limit drops to a tenth
+    mid-run, and the provider's bucket runs dry before the headers say so (a drop to a quarter
+    no longer draws a 429: the pacer mirrors what the provider says remains, a minute deep)."""
     scenario = parse_scenario(
         parametric(
             provider={
                 "rpm": 10**6,
                 "input_tpm": 120_000,
                 "headers": "openai",
-                "changes": [{"at_s": 200, "input_tpm": 30_000}],
+                "changes": [{"at_s": 200, "input_tpm": 12_000}],
             },
             alias_config={"calls_per_s": 30, "tokens_per_s": 2_000},
             instances=100,
@@ -106,8 +108,10 @@ def test_a_dropped_limit_is_followed_down_and_not_reprobed() -> None:
     settled = [b["tokens"] for b in row["budgets"] if 900 < b["t"] <= 900 + memory_s]
     # followed down to about the new 2,000/s (from a 5,000 seed and a 7,500 probe); it may sit
     # a little above: each rare 429 then holds the pacer for a few seconds of refill. Growth
-    # may probe again only once the 429's level is forgotten (memory_s after it)
-    assert settled and max(settled) <= 2_000 * 1.15
+    # may probe again only once the 429's level is forgotten (memory_s after it). With the
+    # pacer's 20 s bucket (2 s until the fortieth round) it settles at up to 1.19x, where the
+    # 2 s bucket left it at 1.11x with 12 429s in all, not 8
+    assert settled and max(settled) <= 2_000 * 1.2
     assert policy.state.seed.tokens_per_s < 5_000  # the seed was re-based
     # not re-probed every few windows: no 429 burst after it settled
     assert row["late_429"] <= 5
