@@ -99,7 +99,7 @@ AGEING_TOKENS_PER_S = 300.0
 #: defaults: where the provider states nothing of a bucket, and once it states it (its own
 #: one-minute bucket, mirrored). Measured on the simulator (docs/bench-planner.md, fortieth
 #: round): on 339 header-less runs a 20 s bucket met every target on 289 where 2 s met 278,
-#: 0.35% faster on the mean with as many 429s; on 451 runs with headers, a 2 s bucket met 410
+#: 0.33% faster on the mean with as many 429s; on 451 runs with headers, a 2 s bucket met 410
 #: where the stated minute met 441, 3% slower on the mean.
 DEFAULT_BURST_S = 20.0
 DEFAULT_STATED_BURST_S = 60.0
