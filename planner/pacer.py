@@ -10,30 +10,9 @@ rule, so what the benchmark measures is what production runs. It owns:
   remains (docs/bench-planner.md, fortieth round);
 - an in-flight token budget: the sum of the in-flight calls' tokens (all input, cached or not,
   plus ``max_output``: the context the provider is working on) stays within it;
-- a queue with head-of-line order: only the head may be admitted. The order depends on which
-  bucket has held the head back (an average over the last ~100 times it had to wait):
-  - the calls bucket: FIFO;
-  - the counted-token bucket: the call with the smallest prompt first, ageing
-    ``AGEING_TOKENS_PER_S`` tokens of priority per second queued. A young task's call is small,
-    and admitting it moves its task a whole tool cycle on for few tokens, so under a token
-    limit more tasks progress and the queue of instances drains sooner
-    (docs/bench-planner.md); a big call waits at most its prompt / ``AGEING_TOKENS_PER_S``
-    seconds longer than in FIFO, so it is never starved. The bound is per call, not per
-    task: a task with a grown context waits that long at each of its calls, and under the
-    sizing's token overdrive a few such tasks can run several times their unthrottled
-    length (random-4744: four tasks started in its first minute still ran at 3,000 s, where
-    no instance runs over 585 s unthrottled). Counting a
-    task's earlier waits toward its calls' ageing ends that, and was measured slower on
-    average (docs/bench-planner.md, thirty-eighth round);
-  - the output-token bucket: a call's task age counts as much as its time queued (the rank is
-    arrival time + task start time). A call's output does not grow with its task's age, so
-    favouring small prompts there only favours young tasks and stretches the old ones, and the
-    run ends on its longest tasks, stretched (docs/bench-planner.md, tenth round). A young
-    task's call ranks as if it had arrived the two tasks' age gap later, so it is delayed,
-    never starved; a call of unknown task age ranks as a task started when it arrived. The
-    planner turns this off (``set_old_tasks_first``, from ``Decision.old_tasks_first``) once
-    no instance is left to launch and its curve's task durations are narrow: an old task is
-    then nearly done, and the run ends on the young ones. The calls then go in arrival order.
+- a queue with head-of-line order: only the head may be admitted. Which call is the head
+  (FIFO under the calls bucket, smallest prompt first under the counted-token bucket, old
+  tasks first under the output bucket) is ``planner.pacer_order``'s.
   A call larger than a bucket's capacity is admitted when that bucket is full, and one larger
   than the in-flight budget when nothing is in flight; it leaves the bucket in debt, so the
   long-run rate still holds and nothing dead-locks;
@@ -49,8 +28,8 @@ its wait; ``inf`` means it waits for a release). ``poll(now)`` returns the calls
 the last poll (in admission order); ``next_ready_at(now)`` says when the head can go if
 nothing is released meanwhile. Pure: no clock reads, no I/O; time is seconds, non-decreasing.
 
-Re-exported here: the hold after a 429 (``planner.pacer_holds``) and the values the core takes
-and returns (``planner.pacer_types``).
+Re-exported here: the hold after a 429 (``planner.pacer_holds``), the queue order's ageing
+(``planner.pacer_order``) and the values the core takes and returns (``planner.pacer_types``).
 """
 
 from __future__ import annotations
@@ -59,7 +38,6 @@ import heapq
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from planner.budgets import BudgetClass, Budgets, TokenClass
 from planner.pacer_bucket import Bucket as _Bucket
@@ -70,6 +48,7 @@ from planner.pacer_holds import (
     classes_to_hold,
     hold_seconds,
 )
+from planner.pacer_order import AGEING_TOKENS_PER_S, QueueOrder
 from planner.pacer_types import Admission, CallEstimate, CallUsage, PacerUsage
 
 __all__ = [
@@ -88,13 +67,6 @@ __all__ = [
     "hold_seconds",
 ]
 
-#: Prompt tokens of priority a queued call gains per second waited, when a token bucket holds
-#: the queue back (see the module docstring): a 40k-token call waits at most ~133 s longer than
-#: in FIFO order behind a stream of small ones, well inside an LLM client's usual 600 s timeout.
-#: Measured on the simulator over 124 runs (docs/bench-planner.md): 1,000 -> 300 took the
-#: planner's mean makespan from 0.948 to 0.943 of the best baseline's, and the runs more than 3%
-#: slower than it from 13 to 7; 100 gained little more (0.940) for a bound three times as long.
-AGEING_TOKENS_PER_S = 300.0
 #: Bucket depths (seconds of each rate) the simulator's planner runs with, and the gateway's
 #: defaults: where the provider states nothing of a bucket, and once it states it (its own
 #: one-minute bucket, mirrored). Measured on the simulator (docs/bench-planner.md, fortieth
@@ -103,9 +75,6 @@ AGEING_TOKENS_PER_S = 300.0
 #: where the stated minute met 441, 3% slower on the mean.
 DEFAULT_BURST_S = 20.0
 DEFAULT_STATED_BURST_S = 60.0
-_Order = Literal["fifo", "prompt", "task_age"]
-#: Weight of the last wait in the average of which bucket holds the head back (per wait).
-_BLOCKED_DECAY = 0.99
 
 
 @dataclass(frozen=True)
@@ -117,7 +86,7 @@ class _Charge:
 
 class PacerCore:
     """Head-of-line admission against calls/s, counted tokens/s, output tokens/s and in-flight
-    tokens (FIFO, or smallest prompt first under a token limit: see the module docstring)."""
+    tokens (FIFO, or smallest prompt first under a token limit: ``planner.pacer_order``)."""
 
     def __init__(
         self,
@@ -159,11 +128,7 @@ class PacerCore:
         self._queue: list[tuple[float, int, str, CallEstimate, _Charge, float]] = []
         self._arrivals = 0
         self._queued_ids: set[str] = set()
-        # decaying counts of the waits of the head on the calls and on a token bucket
-        self._held_by_calls = 0.0
-        self._held_by_tokens = 0.0
-        self._held_by_output = 0.0
-        self._old_tasks_first = True
+        self._order = QueueOrder()
         self._admitted: dict[str, tuple[CallEstimate, _Charge]] = {}
         self._unreported: list[str] = []
         self._usage_start = now
@@ -275,52 +240,18 @@ class PacerCore:
         return out
 
     def _note_hold(self, calls: float, tokens: float, output: float) -> None:
-        """Count which bucket holds the head back, from its waits on the calls, counted-token
-        and output buckets (a head held only by in-flight tokens says nothing of the rates).
-        When that changes the order, the queued calls are re-ranked by the new one."""
-        if calls <= 0 and tokens <= 0 and output <= 0:
-            return
-        order = self._order
-        self._held_by_calls *= _BLOCKED_DECAY
-        self._held_by_tokens *= _BLOCKED_DECAY
-        self._held_by_output *= _BLOCKED_DECAY
-        if output > tokens and output > calls:
-            self._held_by_output += 1.0
-        elif tokens > calls:
-            self._held_by_tokens += 1.0
-        else:
-            self._held_by_calls += 1.0
-        if self._order != order:
+        """The head waited on these buckets: a change of order re-ranks the queued calls."""
+        if self._order.note_hold(calls, tokens, output):
             self._rerank()
 
     def _rerank(self) -> None:
         """Rank every queued call again by the current order."""
+        priority = self._order.priority
         self._queue = [
-            (self._priority(est, arrived), seq, call_id, est, charge, arrived)
+            (priority(est, arrived), seq, call_id, est, charge, arrived)
             for _, seq, call_id, est, charge, arrived in self._queue
         ]
         heapq.heapify(self._queue)
-
-    @property
-    def _order(self) -> _Order:
-        """The queue's order, from the bucket that has held the head back most (module
-        docstring)."""
-        output = self._held_by_output
-        if output > self._held_by_tokens and output > self._held_by_calls:
-            return "task_age"
-        if self._held_by_tokens > self._held_by_calls:
-            return "prompt"
-        return "fifo"
-
-    def _priority(self, estimate: CallEstimate, arrived: float) -> float:
-        """The call's rank in the current order (smallest first; module docstring)."""
-        order = self._order
-        if order == "prompt":
-            return AGEING_TOKENS_PER_S * arrived + estimate.input_uncached + estimate.input_cached
-        if order == "task_age" and self._old_tasks_first:
-            age = estimate.task_age_s or 0.0
-            return arrived + (arrived - age)
-        return arrived
 
     # -- API ---------------------------------------------------------------------------------
     def request(self, call_id: str, estimate: CallEstimate, now: float) -> Admission:
@@ -330,7 +261,7 @@ class PacerCore:
         self._advance(now)
         self._arrivals += 1
         entry = (
-            self._priority(estimate, now),
+            self._order.priority(estimate, now),
             self._arrivals,
             call_id,
             estimate,
@@ -482,13 +413,13 @@ class PacerCore:
 
     @property
     def old_tasks_first(self) -> bool:
-        return self._old_tasks_first
+        return self._order.old_tasks_first
 
     def set_old_tasks_first(self, on: bool) -> None:
         """Planner update: whether an old task's call goes first while the output bucket
-        holds the queue back (module docstring); the queued calls are re-ranked."""
-        if on != self._old_tasks_first:
-            self._old_tasks_first = on
+        holds the queue back (``planner.pacer_order``); the queued calls are re-ranked."""
+        if on != self._order.old_tasks_first:
+            self._order.old_tasks_first = on
             self._rerank()
 
     def set_budgets(self, budgets: Budgets, now: float) -> None:
