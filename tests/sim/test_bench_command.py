@@ -178,3 +178,46 @@ def test_wide_scenarios_cover_what_the_narrow_generator_never_draws() -> None:
         far_off += not 0.6 <= sc.alias_config.calls_per_s * 60.0 / (sc.provider.rpm or 1) <= 1.4
     assert min(raised, wrong_belief, no_output_seed, run_cap, far_off) >= 1
     assert {s.provider.headers for s in scenarios} == {"anthropic", "openai", "none"}
+
+
+def test_jobs_give_the_same_tables_in_the_same_order(tmp_path: Path) -> None:
+    """``--jobs 2`` simulates the scenarios in two processes: the simulator is deterministic,
+    so every table is what one process prints, in the order the scenarios were given."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(parametric(instances=30)))
+    args = ["bench", "planner", "--scenario", str(path), "--policy", "planner"]
+    args += ["--policy", "fixed:4", "--seed", "7", "--seed", "5", "--seed", "6"]
+    code, serial = _cli([*args, "--json"])
+    assert code == 0
+    code, parallel = _cli([*args, "--json", "--jobs", "2"])
+    assert code == 0
+    assert parallel == serial
+    name = parametric()["name"]
+    docs = [json.loads(line) for line in parallel.strip().splitlines()]
+    assert [d["scenario"] for d in docs] == [f"{name}@7", f"{name}@5", f"{name}@6"]
+    code, table = _cli([*args, "--jobs", "3"])
+    assert code == 0
+    verdicts = [line for line in table.splitlines() if line.strip().startswith("targets:")]
+    assert len(verdicts) == 3
+    assert table.strip().splitlines()[-1].endswith("of 3 scenarios")
+
+
+def test_jobs_report_a_scenario_that_can_never_fit_clearly(tmp_path: Path) -> None:
+    """A scenario no policy can run, simulated in a worker process, is the same clear error as
+    in one process (a ConfigError does not survive pickle: the worker sends its parts)."""
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(parametric(instances=30)))
+    tight = tmp_path / "tight.json"
+    tight.write_text(json.dumps(parametric(provider={"output_tpm": 500})))
+    args = ["bench", "planner", "--scenario", str(good), "--scenario", str(tight)]
+    code, out = _cli([*args, "--policy", "fixed:4", "--jobs", "2", "--json"])
+    assert code == 2
+    assert "output_tpm" in out and "never be admitted" in out and "Traceback" not in out
+    assert json.loads(out.splitlines()[0])["scenario"] == parametric()["name"]
+
+
+def test_jobs_is_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(parametric(instances=30)))
+    code, out = _cli(["bench", "planner", "--scenario", str(path), "--jobs", "0"])
+    assert code == 2 and "--jobs" in out and "Traceback" not in out
