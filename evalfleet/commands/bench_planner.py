@@ -11,8 +11,7 @@ scenarios the planner was not tuned on; ``--wide N`` adds N from the wider regio
 instances and timings. Under every table a verdict line names each target of
 the benchmark the planner missed (``sim.targets``), and a final line counts the scenarios that met
 them all. ``--jobs N`` simulates up to N scenarios at once, each in its own process: the
-simulator is deterministic, so the tables are the same as with one and come in the same order
-(a run of 168 generated scenarios takes ~6 minutes on one core of the development machine).
+simulator is deterministic, so the tables are the same as with one and come in the same order.
 ``--decision-speed`` measures one planner decision for 10,000 live tasks instead. Bad scenario
 files are a clear error, not a traceback.
 """
@@ -100,7 +99,7 @@ def _results(
                 raise ConfigError(*out)
             yield out
     finally:
-        # an error or Ctrl-C: the scenarios not started yet are dropped, not waited for
+        # on an error or Ctrl-C the scenarios not started yet are dropped; running ones finish
         pool.shutdown(wait=True, cancel_futures=True)
 
 
