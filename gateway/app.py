@@ -28,14 +28,16 @@
 Harness headers: ``x-evalfleet-instance``, ``x-evalfleet-harness`` and
 ``x-evalfleet-task-started-at`` (epoch seconds; else the gateway's first sight of the instance).
 
-This module is the call path; the flavours' wire formats (errors, passed-through headers, usage)
-are ``gateway.wire``, and what is kept of each call (task age, the pacer's estimate, its
+This module is the call path; the flavours' wire formats (the upstream request, errors,
+passed-through headers, usage) are ``gateway.wire``, a streamed response's relay is
+``gateway.relay``, and what is kept of each call (task age, the pacer's estimate, its
 ``llm_calls`` row and the alias's headers) is ``gateway.calls``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -50,7 +52,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from evalfleet.errors import KeyRejected, SpendCapExceeded
@@ -60,6 +62,7 @@ from gateway.keys import ProviderKeyStore, hash_secret
 from gateway.pacer_local import token_class
 from gateway.pacing import Pacer, PacerUnavailable
 from gateway.recorder import CallRecorder
+from gateway.relay import RelayedStream, relay_events
 from gateway.send_log import SendLog
 from gateway.spend import Settler, SpendStore
 from gateway.tokens import count_prompt_tokens, requested_max_tokens
@@ -69,6 +72,7 @@ from gateway.wire import (
     passthrough_headers,
     presented_key,
     unauthorized,
+    upstream_request,
     usage_from_body,
 )
 from ledger.db import session_factory
@@ -81,22 +85,6 @@ from planner.pacer import CallUsage as PacerUsage
 log = logging.getLogger(__name__)
 
 RETRYABLE = (429, 503, 529)
-DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
-
-
-class RelayedStream(StreamingResponse):
-    """A relayed stream that calls ``on_end`` however the response ends: sent in full, failed,
-    or cancelled by the harness hanging up (even before the body's first chunk)."""
-
-    def __init__(self, content: AsyncIterator[bytes], *, on_end: Callable[[], None], **kw: Any):
-        super().__init__(content, **kw)
-        self._on_end = on_end
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_end()
 
 
 class Gateway:
@@ -180,17 +168,13 @@ class Gateway:
         await self.settler.flush()
         await self.recorder.flush()
 
-    def _lifespan(self, _app: Starlette) -> Any:
-        gateway = self
-
-        class _Ctx:
-            async def __aenter__(self) -> None:
-                await gateway.start()
-
-            async def __aexit__(self, *_exc: object) -> None:
-                await gateway.stop()
-
-        return _Ctx()
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
 
     async def _pause_loop(self) -> None:
         while True:
@@ -318,23 +302,9 @@ class Gateway:
                 headers={"retry-after": str(self._pause_retry_after_s)},
             )
         stream = bool(body.get("stream"))
-        upstream_body = {**body, "model": call.alias.model}
-        if stream and call.flavour == "openai":
-            upstream_body["stream_options"] = {
-                **(body.get("stream_options") or {}),
-                "include_usage": True,
-            }
-        headers = {"content-type": "application/json"}
-        if call.flavour == "openai":
-            headers["authorization"] = f"Bearer {provider_key.get_secret_value()}"
-        else:
-            headers["x-api-key"] = provider_key.get_secret_value()
-            headers["anthropic-version"] = request.headers.get(
-                "anthropic-version", DEFAULT_ANTHROPIC_VERSION
-            )
-            if "anthropic-beta" in request.headers:
-                headers["anthropic-beta"] = request.headers["anthropic-beta"]
-        content = json.dumps(upstream_body).encode()
+        content, headers = upstream_request(
+            call.flavour, body, request.headers, call.alias.model, provider_key
+        )
         url = call.alias.base_url + call.alias.path
         deadline = time.monotonic() + self.max_retry_wait_s
         assert self._upstream is not None, "gateway not started"
@@ -422,28 +392,6 @@ class Gateway:
             cost = gateway.book.record(call, status, time.monotonic() - started, None)
             gateway._settle_now(call, settled_cost=cost if status in SERVED_STATUSES else 0)
 
-        async def relay() -> AsyncIterator[bytes]:
-            buffer = b""
-            status = CLIENT_CLOSED  # until the provider's stream has been relayed to its end
-            try:
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-                    buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
-                        if line.startswith(b"data:") and not line.startswith(b"data: [DONE]"):
-                            try:
-                                usage_from_body(call.flavour, json.loads(line[5:]), call.usage)
-                            except ValueError:
-                                continue
-                status = 200
-            except httpx.HTTPError:
-                status = 502
-                raise
-            finally:
-                finish(status)
-                await upstream.aclose()
-
         def abandoned() -> None:
             # the response ended without the relay's ``finally`` having run: the harness went
             # away before its first chunk (a generator never started runs no ``finally``)
@@ -459,7 +407,7 @@ class Gateway:
         self.book.note_outcome(call, rejected=False)
         self._sync_pacer(call, upstream, sent_at)
         return RelayedStream(
-            relay(),
+            relay_events(upstream, call.flavour, call.usage, finish),
             on_end=abandoned,
             status_code=200,
             headers=headers,

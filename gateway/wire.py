@@ -1,7 +1,8 @@
 """What the gateway reads and writes on the wire, per flavour (``openai``, ``anthropic``):
-the gateway key a harness presents, errors in each flavour's own shape (which the SDKs turn
-into their exception types), the provider headers a harness's SDK reads, and a call's token
-usage from a response body or a streamed event.
+the gateway key a harness presents, the request sent upstream in its place (the alias's model,
+the run's provider key), errors in each flavour's own shape (which the SDKs turn into their
+exception types), the provider headers a harness's SDK reads, and a call's token usage from a
+response body or a streamed event.
 
 Kept apart from the gateway's call path (``gateway.app``): these are the two APIs' formats,
 stateless functions of a request, a body or headers, with no pacing, spend or ledger in them.
@@ -9,14 +10,18 @@ stateless functions of a request, a body or headers, with no pacing, spend or le
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 __all__ = [
+    "DEFAULT_ANTHROPIC_VERSION",
     "PASS_HEADERS",
     "PASS_PREFIXES",
     "CallUsage",
@@ -25,11 +30,43 @@ __all__ = [
     "passthrough_headers",
     "presented_key",
     "unauthorized",
+    "upstream_request",
     "usage_from_body",
 ]
 
 PASS_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry", "request-id", "x-request-id")
 PASS_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+
+
+def upstream_request(
+    flavour: str,
+    body: dict[str, Any],
+    harness_headers: Headers,
+    model: str,
+    provider_key: SecretStr,
+) -> tuple[bytes, dict[str, str]]:
+    """The body and headers sent to the provider for a harness's request: the alias's model,
+    the run's provider key in the flavour's header, Anthropic's version and beta headers as the
+    harness sent them, and for an OpenAI stream ``include_usage`` (the gateway records every
+    call's tokens, so it asks for them whatever the harness asked)."""
+    upstream_body = {**body, "model": model}
+    if body.get("stream") and flavour == "openai":
+        upstream_body["stream_options"] = {
+            **(body.get("stream_options") or {}),
+            "include_usage": True,
+        }
+    headers = {"content-type": "application/json"}
+    if flavour == "openai":
+        headers["authorization"] = f"Bearer {provider_key.get_secret_value()}"
+    else:
+        headers["x-api-key"] = provider_key.get_secret_value()
+        headers["anthropic-version"] = harness_headers.get(
+            "anthropic-version", DEFAULT_ANTHROPIC_VERSION
+        )
+        if "anthropic-beta" in harness_headers:
+            headers["anthropic-beta"] = harness_headers["anthropic-beta"]
+    return json.dumps(upstream_body).encode(), headers
 
 
 def error_response(

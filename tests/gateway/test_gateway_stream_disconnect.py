@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import select
 from starlette.requests import ClientDisconnect
 
-from gateway.app import RelayedStream
+from gateway.relay import RelayedStream
 from ledger.models import CLIENT_CLOSED, ApiKey, LlmCall
 from tests.gateway.gw_helpers import Stack, sim_profile
 
