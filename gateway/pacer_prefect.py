@@ -24,6 +24,11 @@ planner infers otherwise from the provider's headers (``planner.cache_counting``
 writes the Prefect variable ``evalfleet-pacer-<alias>-cached-input-counts``, which each sync
 applies to the local pacer.
 
+The pacer holds one Prefect client from ``start`` to ``close`` and every sync reads through
+it: building a client costs ~50 ms of CPU on the event loop (its HTTP transport and TLS
+context), and a client per read (three per alias per sync) stalled every call the gateway was
+relaying, which set the Prefect pacer's p99 added latency at ~55 ms on a slow machine.
+
 Limits of this design: one gateway process per alias (several gateways would each pace at the
 full budget); the limits' active slots are not mirrored, so the UI shows budgets, not usage.
 """
@@ -31,13 +36,14 @@ full budget); the limits' active slots are not mirrored, so the UI shows budgets
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.variables import Variable
@@ -76,14 +82,24 @@ def limit_values(budgets: Budgets, burst_s: float) -> dict[str, tuple[int, float
     return out
 
 
-async def ensure_limits(alias: Alias) -> list[str]:
+@contextlib.asynccontextmanager
+async def _using(client: PrefectClient | None) -> AsyncIterator[PrefectClient]:
+    """The caller's open client, else one opened (and closed) for this read."""
+    if client is not None:
+        yield client
+        return
+    async with get_client() as opened:
+        yield opened
+
+
+async def ensure_limits(alias: Alias, client: PrefectClient | None = None) -> list[str]:
     """Create the alias's limits that do not exist yet, from its seed; returns those created."""
     created = []
     names = limit_names(alias.name)
-    async with get_client() as client:
+    async with _using(client) as c:
         for field, (limit, decay) in limit_values(seed_budgets(alias), alias.pacer.burst_s).items():
             try:
-                await client.read_global_concurrency_limit_by_name(names[field])
+                await c.read_global_concurrency_limit_by_name(names[field])
                 continue
             except ObjectNotFound:
                 pass
@@ -91,7 +107,7 @@ async def ensure_limits(alias: Alias) -> list[str]:
             if decay is not None:
                 kwargs["slot_decay_per_second"] = decay
             try:
-                await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(**kwargs))
+                await c.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(**kwargs))
                 created.append(names[field])
             except ObjectAlreadyExists:
                 continue  # another process created it meanwhile
@@ -129,32 +145,32 @@ async def push_budgets(
         await Variable.aset(old_first_variable(alias.name), old_tasks_first, overwrite=True)
 
 
-async def _read_flag(name: str, default: bool) -> bool:
+async def _read_flag(name: str, default: bool, client: PrefectClient | None = None) -> bool:
     """A boolean Prefect variable the planner writes; ``default`` when absent or not a bool."""
-    async with get_client() as client:
-        variable = await client.read_variable_by_name(name)
+    async with _using(client) as c:
+        variable = await c.read_variable_by_name(name)
     value = None if variable is None else variable.value
     return value if isinstance(value, bool) else default
 
 
-async def read_counting(alias: Alias) -> bool:
+async def read_counting(alias: Alias, client: PrefectClient | None = None) -> bool:
     """Whether the alias's pacer counts cache reads: the planner's inference, else the config."""
-    return await _read_flag(counting_variable(alias.name), alias.cached_input_counts)
+    return await _read_flag(counting_variable(alias.name), alias.cached_input_counts, client)
 
 
-async def read_old_tasks_first(alias: Alias) -> bool:
+async def read_old_tasks_first(alias: Alias, client: PrefectClient | None = None) -> bool:
     """Whether the alias's pacer puts old tasks first under an output limit (absent: yes)."""
-    return await _read_flag(old_first_variable(alias.name), True)
+    return await _read_flag(old_first_variable(alias.name), True, client)
 
 
-async def read_budgets(alias: Alias) -> Budgets:
+async def read_budgets(alias: Alias, client: PrefectClient | None = None) -> Budgets:
     """The alias's budgets as its Prefect limits state them now (strict: missing → error)."""
     names = limit_names(alias.name)
     values: dict[str, float | None] = {"output_tokens_per_s": None}
-    async with get_client() as client:
+    async with _using(client) as c:
         for field, name in names.items():
             try:
-                gcl = await client.read_global_concurrency_limit_by_name(name)
+                gcl = await c.read_global_concurrency_limit_by_name(name)
             except ObjectNotFound:
                 if field == "output_tokens_per_s" and alias.pacer.output_tokens_per_s is None:
                     # not configured, and the planner has not adopted a stated output limit
@@ -186,27 +202,37 @@ class PrefectPacer(InProcessPacer):
         *,
         sync_interval_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
+        client_factory: Callable[[], PrefectClient] = get_client,
     ) -> None:
         super().__init__(aliases, clock=clock)
+        self._client_factory = client_factory
         self._alias_list = list(aliases)
         self.sync_interval_s = sync_interval_s
         self._sync_task: asyncio.Task[None] | None = None
+        self._client: PrefectClient | None = None  # open from start to close (module docstring)
         self.syncs = 0
 
     async def start(self) -> None:
-        for alias in self._alias_list:
-            created = await ensure_limits(alias)
-            if created:
-                log.info("created Prefect limits %s from alias %s's seed", created, alias.name)
-        await self.sync()
-        await super().start()
+        client = self._client_factory()
+        await client.__aenter__()
+        self._client = client
+        try:
+            for alias in self._alias_list:
+                created = await ensure_limits(alias, client)
+                if created:
+                    log.info("created Prefect limits %s from alias %s's seed", created, alias.name)
+            await self.sync()
+            await super().start()
+        except BaseException:
+            await self._close_client()
+            raise
         self._sync_task = asyncio.create_task(self._sync_loop(), name="evalfleet-pacer-sync")
 
     async def sync(self) -> None:
         """Re-read every alias's limits once and apply them."""
         for alias in self._alias_list:
             try:
-                budgets = await read_budgets(alias)
+                budgets = await read_budgets(alias, self._client)
             except ObjectNotFound:
                 self.fail(
                     alias.name, f"a Prefect concurrency limit of alias {alias.name} is missing"
@@ -216,7 +242,7 @@ class PrefectPacer(InProcessPacer):
             if budgets != self.budgets(alias.name) or self._pacer(alias.name).failure:
                 self.set_budgets(alias.name, budgets)
             core = self._pacer(alias.name).core
-            counts = await read_counting(alias)
+            counts = await read_counting(alias, self._client)
             if counts != core.cached_input_counts and not self.holds_own_verdict(alias.name):
                 log.info(
                     "alias %s: pacing with cache reads %s",
@@ -224,7 +250,7 @@ class PrefectPacer(InProcessPacer):
                     "counted" if counts else "not counted",
                 )
                 core.cached_input_counts = counts
-            old_first = await read_old_tasks_first(alias)
+            old_first = await read_old_tasks_first(alias, self._client)
             if old_first != core.old_tasks_first:
                 log.info(
                     "alias %s: an output-bound queue goes %s",
@@ -247,4 +273,10 @@ class PrefectPacer(InProcessPacer):
             self._sync_task.cancel()
             await asyncio.gather(self._sync_task, return_exceptions=True)
             self._sync_task = None
+        await self._close_client()
         await super().close()
+
+    async def _close_client(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.__aexit__(None, None, None)

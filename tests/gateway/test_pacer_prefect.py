@@ -291,3 +291,49 @@ def test_large_call_is_not_starved_by_small_ones(prefect_api: str) -> None:
     late = asked + passed_for + 0.2
     assert not [o for o in order if o[0] == "small" and o[1] > late and o[2] < admitted]
     assert [o for o in order if o[0] == "small" and o[2] > admitted]  # small calls resumed
+
+
+def test_syncs_read_through_one_client_open_from_start_to_close(prefect_api: str) -> None:
+    """Building a Prefect client takes tens of milliseconds of CPU on the event loop the
+    gateway relays calls on; a client per read (three per alias per sync) stalled every call in
+    flight and set the Prefect pacer's p99 added latency (~55 ms on a slow machine against
+    ~5 ms with one client). The pacer opens one at start, syncs through it, closes it: here
+    only that client can reach the server, every other would find nothing listening."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    alias = f"one-client-{uuid.uuid4().hex[:6]}"
+    aliases = _aliases(
+        **{alias: {"calls_per_s": 5.0, "tokens_per_s": 1000.0, "inflight_tokens": 1e6}}
+    )
+    made: list[Any] = []
+
+    def factory() -> Any:
+        with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
+            client = get_client()
+        made.append(client)
+        return client
+
+    async def run() -> PrefectPacer:
+        pacer = PrefectPacer(aliases, sync_interval_s=0.05, client_factory=factory)
+        with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+            await pacer.start()
+        try:
+            syncs = pacer.syncs
+            moved = replace(pacer.budgets(alias), calls_per_s=7.0)
+            await push_budgets(aliases.get(alias), moved)  # the planner's write, elsewhere
+            with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+                deadline = time.monotonic() + 10.0
+                while (
+                    pacer.syncs < syncs + 6 or pacer.budgets(alias).calls_per_s != 7.0
+                ) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                assert made and not made[0]._closed  # open while the pacer runs
+        finally:
+            await pacer.close()
+        return pacer
+
+    pacer = asyncio.run(run())
+    assert pacer.syncs >= 6
+    assert pacer.budgets(alias).calls_per_s == 7.0  # read through the one client
+    assert len(made) == 1
+    assert made[0]._closed
