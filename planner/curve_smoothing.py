@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-import scipy.optimize
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -78,6 +77,10 @@ def solve_nodes(
 
     With ``penalty = 0`` and a non-negative exact solution the bin means are matched exactly.
     """
+    # imported here, not at the top: scipy.optimize takes ~0.5 s to import, and only a fit
+    # needs it (the simulator and the planner loop import this module without fitting)
+    import scipy.optimize
+
     weights = np.sqrt(exposure / max(float(exposure.max()), 1e-300))
     lhs = np.vstack([averaging * weights[:, None], np.sqrt(penalty) * rough])
     rhs = np.concatenate([bin_means * weights, np.zeros(rough.shape[0])])
