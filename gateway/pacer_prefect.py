@@ -44,9 +44,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from prefect.client.orchestration import PrefectClient, get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.client.schemas.actions import (
+    GlobalConcurrencyLimitCreate,
+    VariableCreate,
+    VariableUpdate,
+)
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-from prefect.variables import Variable
 
 from gateway.aliases import Alias, Aliases
 from gateway.pacer_local import InProcessPacer, seed_budgets
@@ -132,17 +135,31 @@ async def push_budgets(
     *,
     cached_input_counts: bool | None = None,
     old_tasks_first: bool | None = None,
+    client: PrefectClient | None = None,
 ) -> None:
     """Write budgets to the alias's limits (create or update: the planner's tick), and the
-    cache-counting belief and the queue order when given."""
+    cache-counting belief and the queue order when given; through ``client`` when one is open
+    (the planner's tick pushes every alias through one)."""
     names = limit_names(alias.name)
-    async with get_client() as client:
+    async with _using(client) as c:
         for field, (limit, decay) in limit_values(budgets, alias.pacer.burst_s).items():
-            await client.upsert_global_concurrency_limit_by_name(names[field], limit, decay)
-    if cached_input_counts is not None:
-        await Variable.aset(counting_variable(alias.name), cached_input_counts, overwrite=True)
-    if old_tasks_first is not None:
-        await Variable.aset(old_first_variable(alias.name), old_tasks_first, overwrite=True)
+            await c.upsert_global_concurrency_limit_by_name(names[field], limit, decay)
+        if cached_input_counts is not None:
+            await _write_flag(c, counting_variable(alias.name), cached_input_counts)
+        if old_tasks_first is not None:
+            await _write_flag(c, old_first_variable(alias.name), old_tasks_first)
+
+
+async def _write_flag(client: PrefectClient, name: str, value: bool) -> None:
+    """Create or overwrite a boolean Prefect variable through ``client`` (``Variable.aset``
+    would build a client of its own outside a flow run)."""
+    if await client.read_variable_by_name(name) is None:
+        try:
+            await client.create_variable(VariableCreate(name=name, value=value))
+            return
+        except ObjectAlreadyExists:
+            pass  # another process created it meanwhile: overwrite it
+    await client.update_variable(VariableUpdate(name=name, value=value))
 
 
 async def _read_flag(name: str, default: bool, client: PrefectClient | None = None) -> bool:

@@ -15,8 +15,15 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 
 from gateway.aliases import Aliases, load_aliases
-from gateway.pacer_prefect import PrefectPacer, limit_names, push_budgets
+from gateway.pacer_prefect import (
+    PrefectPacer,
+    counting_variable,
+    limit_names,
+    old_first_variable,
+    push_budgets,
+)
 from gateway.pacing import CallEstimate, CallUsage, PacerUnavailable
+from planner.budgets import Budgets
 from planner.classify import Classification, LimitType
 from planner.pacer import AGEING_TOKENS_PER_S
 from planner.provisional_cut import CUT
@@ -337,3 +344,44 @@ def test_syncs_read_through_one_client_open_from_start_to_close(prefect_api: str
     assert pacer.budgets(alias).calls_per_s == 7.0  # read through the one client
     assert len(made) == 1
     assert made[0]._closed
+
+
+def test_push_writes_limits_and_variables_through_the_given_client(prefect_api: str) -> None:
+    """The planner's tick pushes every alias through one client (``tasks.plan``): the limits
+    and both variables go through the client it is given. Here only that client can reach the
+    server; a write through a client of its own (``Variable.aset`` builds one outside a flow
+    run) would find nothing listening."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    alias = f"push-one-{uuid.uuid4().hex[:6]}"
+    aliases = _aliases(
+        **{alias: {"calls_per_s": 5.0, "tokens_per_s": 1000.0, "inflight_tokens": 1e6}}
+    )
+    budgets = Budgets(
+        calls_per_s=9.0, tokens_per_s=900.0, output_tokens_per_s=None, inflight_tokens=5e5
+    )
+
+    async def run() -> tuple[float | None, Any, Any]:
+        with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
+            client = get_client()
+        async with client:
+            with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+                for counts, order in ((False, False), (True, True)):  # create, then overwrite
+                    await push_budgets(
+                        aliases.get(alias),
+                        replace(budgets, calls_per_s=budgets.calls_per_s + counts),
+                        cached_input_counts=counts,
+                        old_tasks_first=order,
+                        client=client,
+                    )
+            calls = await client.read_global_concurrency_limit_by_name(
+                limit_names(alias)["calls_per_s"]
+            )
+            counting = await client.read_variable_by_name(counting_variable(alias))
+            old_first = await client.read_variable_by_name(old_first_variable(alias))
+        return calls.slot_decay_per_second, counting, old_first
+
+    decay, counting, old_first = asyncio.run(run())
+    assert decay == 10.0
+    assert counting is not None and counting.value is True
+    assert old_first is not None and old_first.value is True
