@@ -79,7 +79,7 @@ class Settings(BaseSettings):
         "with the in-process launcher.",
     )
     planner_token_overdrive: float = Field(
-        default=2.0,
+        default=2.5,
         ge=1.0,
         le=4.0,
         description="How far above a token budget the planner sizes the fleet's demand when "

@@ -357,14 +357,15 @@ def test_endgame_waits_while_another_budget_could_not_serve_the_queue_within_the
         }
     )
     steady = steady_state(curve, Counting(), CFG.boot_s, CFG.integration_age_s)
-    old = [550.0] * 100
+    old = [550.0] * 100  # 100k tokens/s projected: over the token budget even overdriven
+    token_budget = 30_000.0
 
     def launches(output_budget: float, queued: int) -> Decision:
-        budgets = B(tokens_per_s=40_000.0, output_tokens_per_s=output_budget)
+        budgets = B(tokens_per_s=token_budget, output_tokens_per_s=output_budget)
         return decide(fleet(old, queued=queued), curve, budgets, Counting(), Caps(), CFG, steady)
 
     # the most the token budget serves within the tail: the endgame's test on tokens holds
-    queued = int(steady.tail_age_s * 40_000.0 / steady.task_totals["tokens_per_s"])
+    queued = int(steady.tail_age_s * token_budget / steady.task_totals["tokens_per_s"])
     tight = launches(1_200.0, queued)
     assert tight.saturating is Quantity.TOKENS
     assert queued * steady.task_totals["output_tokens_per_s"] / 1_200.0 > steady.tail_age_s
