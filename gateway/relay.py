@@ -3,8 +3,9 @@
 Owns the two things a stream needs beyond a plain response: the call's usage read from the
 events as they pass (OpenAI's last event carries it, Anthropic's ``message_start`` and
 ``message_delta`` events), and an end hook that runs once however the response ends: sent in
-full, failed upstream, or cancelled by the harness hanging up, even before the first chunk. The gateway's call path (``gateway.app``) settles the
-call's pacer permit and spend reservation in that hook; nothing here knows of them.
+full, failed upstream, or cancelled by the harness hanging up, even before the first chunk.
+The gateway's call path (``gateway.app``) settles the call's pacer permit and spend
+reservation in that hook; nothing here knows of them.
 """
 
 from __future__ import annotations

@@ -357,7 +357,7 @@ def test_endgame_waits_while_another_budget_could_not_serve_the_queue_within_the
         }
     )
     steady = steady_state(curve, Counting(), CFG.boot_s, CFG.integration_age_s)
-    old = [550.0] * 100  # 100k tokens/s projected: over the token budget even overdriven
+    old = [550.0] * 100  # ~92k tokens/s projected: over the budget even at 2.5x it (75k)
     token_budget = 30_000.0
 
     def launches(output_budget: float, queued: int) -> Decision:

@@ -360,16 +360,18 @@ def test_push_writes_limits_and_variables_through_the_given_client(prefect_api: 
     budgets = Budgets(
         calls_per_s=9.0, tokens_per_s=900.0, output_tokens_per_s=None, inflight_tokens=5e5
     )
+    # the first push creates both variables, the second overwrites them (and the limits)
+    pushes = ((9.0, False, False), (10.0, True, True))
 
     async def run() -> tuple[float | None, Any, Any]:
         with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
             client = get_client()
         async with client:
             with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
-                for counts, order in ((False, False), (True, True)):  # create, then overwrite
+                for calls_per_s, counts, order in pushes:
                     await push_budgets(
                         aliases.get(alias),
-                        replace(budgets, calls_per_s=budgets.calls_per_s + counts),
+                        replace(budgets, calls_per_s=calls_per_s),
                         cached_input_counts=counts,
                         old_tasks_first=order,
                         client=client,
