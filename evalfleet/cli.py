@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "evalfleet.commands.config",
     "evalfleet.commands.bench_queue",
     "evalfleet.commands.bench_planner",
+    "evalfleet.commands.bench_compare",
     "evalfleet.commands.bench_gateway",
     "evalfleet.commands.bench_dispatch",
     "evalfleet.commands.curves",

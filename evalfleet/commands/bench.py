@@ -10,7 +10,7 @@ import click
 
 @click.group(name="bench")
 def bench() -> None:
-    """Benchmarks: queue, planner, gateway, dispatch."""
+    """Benchmarks: queue, planner, gateway, dispatch; compare judges a planner change."""
 
 
 def register(root: click.Group) -> None:
