@@ -102,8 +102,10 @@ class Comparison:
     highest_rate_429_after: float
     newly_met: tuple[Flip, ...]
     newly_missed: tuple[Flip, ...]
-    #: scenarios in only one of the two sets, or with no planner row in the old set
+    #: new scenarios that cannot be judged: not in the old set, or without a planner row
     not_compared: tuple[str, ...] = field(default=())
+    #: old scenarios the new set does not run (a subset was run again: expected)
+    old_only: int = 0
 
     def as_json(self) -> dict[str, Any]:
         def flips(items: tuple[Flip, ...]) -> list[dict[str, Any]]:
@@ -128,6 +130,7 @@ class Comparison:
             "newly_met": flips(self.newly_met),
             "newly_missed": flips(self.newly_missed),
             "not_compared": list(self.not_compared),
+            "old_only": self.old_only,
         }
 
 
@@ -144,10 +147,9 @@ def compare(
     gained: list[Flip] = []
     lost: list[Flip] = []
     skipped = sorted(
-        {name for name in old if name not in new}
-        | {name for name in new if name not in old}
-        | {name for name in new if name in old and PLANNER not in old[name]}
-        | {name for name in new if PLANNER not in new[name]}
+        name
+        for name in new
+        if name not in old or PLANNER not in old[name] or PLANNER not in new[name]
     )
     names = [name for name in new if name not in skipped]
     for name in names:
@@ -177,4 +179,5 @@ def compare(
         newly_met=tuple(gained),
         newly_missed=tuple(lost),
         not_compared=tuple(skipped),
+        old_only=sum(1 for name in old if name not in new),
     )

@@ -60,7 +60,8 @@ def test_new_planner_rows_are_judged_against_the_old_baselines() -> None:
     )
     assert (result.http_429_before, result.http_429_after) == (3, 6)
     assert result.highest_rate_429_after == pytest.approx(3 / 10_000)
-    assert result.not_compared == ("new-only", "old-only")
+    assert result.not_compared == ("new-only",)  # cannot be judged
+    assert result.old_only == 1  # not run again: expected of a subset
 
 
 def test_a_stalled_new_planner_is_newly_missed() -> None:
@@ -88,7 +89,8 @@ def test_the_command_prints_the_verdicts_and_the_flips(
     assert "meet every target: 2 -> 2" in out
     assert "newly met (1):\n  faster: 1,250.0 s -> 1,150.0 s\n" in out
     assert "newly missed (1):\n  slower: 1,050.0 s -> 1,100.0 s; planner 1100.0 s > 1.05x" in out
-    assert "not compared (2" in out
+    assert "not compared (1: not in --old, or no planner row): new-only" in out
+    assert "in --old only, not run again: 1" in out
     assert main(["bench", "compare", "--old", str(old), "--new", str(new), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["newly_missed"][0]["scenario"] == "slower"

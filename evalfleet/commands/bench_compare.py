@@ -48,10 +48,12 @@ def format_comparison(result: Comparison) -> str:
         shown = ", ".join(result.not_compared[:10])
         more = len(result.not_compared) - 10
         lines.append(
-            f"not compared ({len(result.not_compared)}: in one set only, or no planner row): "
+            f"not compared ({len(result.not_compared)}: not in --old, or no planner row): "
             + shown
             + (f", and {more} more" if more > 0 else "")
         )
+    if result.old_only:
+        lines.append(f"in --old only, not run again: {result.old_only}")
     return "\n".join(lines)
 
 
