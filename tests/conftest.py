@@ -128,3 +128,20 @@ def prefect_api_url() -> Iterator[str]:
         pytest.fail(str(exc))
     finally:
         _drop_pg_database(db)
+
+
+@pytest.fixture(autouse=True)
+def _close_prefect_event_stream(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that used the Prefect server, stop Prefect's events worker. Left running,
+    its websocket to the server stays open for the rest of the session, and the websockets
+    library's keepalive draws each ping's payload from the global ``random`` module every 20 s
+    in a background thread: a ping that lands while Hypothesis draws an example reads as a
+    strategy using ``random`` (a HypothesisDeprecationWarning, which Hypothesis will make an
+    error) in whichever property test happens to run then. The next test that emits an event
+    starts a new worker."""
+    yield
+    if "prefect_api_url" not in request.fixturenames:
+        return
+    worker = sys.modules.get("prefect.events.worker")
+    if worker is not None:
+        worker.EventsWorker.drain_all(timeout=10.0, at_exit=False)
