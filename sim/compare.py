@@ -28,8 +28,18 @@ from sim.targets import violations
 __all__ = ["Comparison", "Flip", "compare", "read_results"]
 
 PLANNER = "planner"
-#: the columns of a result row that ``sim.targets.violations`` reads
-_JUDGED = ("makespan_s", "ratio", "calls", "http_429", "rate_429")
+
+
+class _JudgedRow(BaseModel):
+    """The columns of a result row that ``sim.targets.violations`` reads (the others pass)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    makespan_s: float | None
+    ratio: float | None
+    calls: int
+    http_429: int
+    rate_429: float
 
 
 class _ResultLine(BaseModel):
@@ -66,11 +76,13 @@ def read_results(paths: Iterable[Path]) -> dict[str, dict[str, dict[str, Any]]]:
                 problems.append(f"line {number}: {where}: {first['msg']}")
                 continue
             for policy, row in line.results.items():
-                missing = [c for c in _JUDGED if c not in row]
-                if missing:
-                    problems.append(
-                        f"line {number}: {line.scenario} {policy}: no {', '.join(missing)}"
+                try:
+                    _JudgedRow.model_validate(row)
+                except ValidationError as exc:
+                    bad = "; ".join(
+                        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
                     )
+                    problems.append(f"line {number}: {line.scenario} {policy}: {bad}")
             out[line.scenario] = line.results
         if problems:
             raise ConfigError(str(path), problems)

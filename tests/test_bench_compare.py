@@ -108,6 +108,8 @@ def test_a_bad_line_is_an_error_naming_the_file_and_the_line(
         + json.dumps({"scenario": "b", "results": {"planner": {"makespan_s": 1.0}}})
         + "\n"
         + json.dumps({"scenario": "c", "results": {}, "extra": 1})
+        + "\n"
+        + json.dumps({"scenario": "d", "results": {"planner": {**row(1.0), "calls": "many"}}})
         + "\n",
         encoding="utf-8",
     )
@@ -116,9 +118,13 @@ def test_a_bad_line_is_an_error_naming_the_file_and_the_line(
     assert info.value.source == str(bad)
     problems = info.value.problems
     assert problems[0].startswith("line 2: not JSON")
-    assert problems[1] == "line 3: b planner: no ratio, calls, http_429, rate_429"
+    assert problems[1] == (
+        "line 3: b planner: ratio: Field required; calls: Field required; "
+        "http_429: Field required; rate_429: Field required"
+    )
     assert problems[2].startswith("line 4: extra:")
+    assert problems[3] == "line 5: d planner: calls: Input should be a valid integer"
     assert main(["bench", "compare", "--old", str(bad), "--new", str(new)]) == 2
     err = capsys.readouterr().err
-    assert f"error: {bad}: 3 problems" in err
+    assert f"error: {bad}: 4 problems" in err
     assert "Traceback" not in err
