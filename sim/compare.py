@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +115,7 @@ class Comparison:
     newly_met: tuple[Flip, ...]
     newly_missed: tuple[Flip, ...]
     #: new scenarios that cannot be judged: not in the old set, or without a planner row
-    not_compared: tuple[str, ...] = field(default=())
+    not_compared: tuple[str, ...] = ()
     #: old scenarios the new set does not run (a subset was run again: expected)
     old_only: int = 0
 
@@ -158,12 +158,8 @@ def compare(
     highest = 0.0
     gained: list[Flip] = []
     lost: list[Flip] = []
-    skipped = sorted(
-        name
-        for name in new
-        if name not in old or PLANNER not in old[name] or PLANNER not in new[name]
-    )
-    names = [name for name in new if name not in skipped]
+    names = [name for name in new if PLANNER in new[name] and PLANNER in old.get(name, {})]
+    skipped = sorted(set(new) - set(names))
     for name in names:
         before_rows = old[name]
         after_rows = {**before_rows, PLANNER: new[name][PLANNER]}
