@@ -94,7 +94,7 @@ class SizingConfig:
     step_s: float = 15.0  # the projection grid [1, horizon_s]
     boot_s: float = 60.0  # a slot's time per task not running the harness [0, 86400]
     overdrive: float = 1.10  # demand sized over the saturating budget: the pacer holds it [1, 4]
-    max_wait_s: float = 6.0  # the longest projected pacer wait per call [0, 600]
+    max_wait_s: float = 6.0  # the longest sustained pacer wait per call projected [0, 600]
     # the same while the queue's last tasks run (the endgame) [max_wait_s, 3600]
     endgame_max_wait_s: float = 6.0
     # Under a token budget the pacer admits the smallest prompts first (planner.pacer), so a

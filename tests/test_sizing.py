@@ -227,6 +227,52 @@ def test_call_rate_bound_names_qps_budget() -> None:
     assert young_callers.launches_allowed == 0
 
 
+def eager_start_curve() -> HarnessCurve:
+    """A task that calls 4x faster in its first minute than after it (its first calls are
+    short), with a long mean gap between calls (~89 s), so the calls bound is tight."""
+    return HarnessCurve.from_params(
+        {
+            "format": 1,
+            "harness": "eager-start",
+            "rates": {
+                "age_s": [0.0, 45.0, 60.0, 3600.0],
+                "calls_per_s": [0.04, 0.04, 0.01, 0.01],
+                "cached_input_tokens_per_s": [0.0] * 4,
+                "uncached_input_tokens_per_s": [10.0] * 4,
+                "output_tokens_per_s": [1.0] * 4,
+                "inflight_tokens": [100.0] * 4,
+                "inflight_calls": [0.1] * 4,
+            },
+            "survival": {"age_s": [0.0], "value": [1.0], "tail_s": 1200.0},
+            "latency": {"base_s": 1.0, "per_output_token_s": 0.01},
+        }
+    )
+
+
+def test_a_new_cohorts_first_calls_do_not_hold_the_fleet_under_a_calls_budget() -> None:
+    """The calls bound is on the fleet's sustained demand once the new tasks have booted, not
+    on the moment they all make their first calls together: a bound on that peak sized this
+    fleet at 0.91x its budget, where the pacer held nothing back and the limit idled."""
+    curve = eager_start_curve()
+    steady = steady_state(curve, Counting(), CFG.boot_s, CFG.integration_age_s)
+    budget = 2.6
+    ages = np.linspace(300.0, 2400.0, 200)  # past their eager first minute: 0.01 calls/s
+    d = decide(
+        fleet(ages), curve, B(calls_per_s=budget, tokens_per_s=1e9), Counting(), Caps(), CFG, steady
+    )
+    proj = project(curve, ages, Counting(), CFG, steady, refill=1.0)
+    q = Quantity.CALLS
+    demand = proj.live[q] + d.launches_allowed * proj.per_new[q]
+    booted = proj.per_new[q] > 0
+    o_max = max(1.0 + CFG.max_wait_s / steady.mean_gap_s, CFG.overdrive)
+    # saturated: the pacer has calls to hold back once the cohort runs ...
+    assert float(demand[booted].mean()) >= budget
+    # ... and no more than the wait bound allows, sustained
+    assert float(demand[booted].mean()) <= o_max * budget * 1.001
+    # the cohort's first minute goes above that bound for a while: the pacer's queue takes it
+    assert float(demand.max()) > o_max * budget
+
+
 def test_decision_record_is_frozen_and_checked() -> None:
     d = decide(fleet([], queued=5000), flat_curve(), B(), Counting(), Caps(), CFG)
     with pytest.raises(AttributeError):
@@ -325,7 +371,7 @@ def test_endgame_launches_the_short_queue_at_once_within_the_longer_wait() -> No
     assert 300 * steady.task_totals["tokens_per_s"] / 10_000.0 < steady.tail_age_s
     end = decide(fleet([], queued=300), curve, budgets, Counting(), Caps(), cfg, steady)
     assert normal.launches_allowed < 150 < end.launches_allowed <= 300
-    # bounded by the pacer wait allowed in the endgame: peak demand <= (1 + wait/gap) x budget
+    # bounded by the pacer wait allowed in the endgame: sustained demand <= (1 + wait/gap) x budget
     o_end = 1.0 + cfg.endgame_max_wait_s / steady.mean_gap_s
     assert end.launches_allowed * 100.0 <= o_end * 10_000.0 * 1.001
     capped = decide(fleet([], queued=300), curve, budgets, Counting(), Caps(), flat)
