@@ -123,6 +123,8 @@ def write_simulated_run(
             "state": "resolved" if r.resolved else "unresolved",
             "attempt": 1,
             "started_at": at(r.launched_s),
+            "claimed_at": at(r.launched_s),
+            "running_at": at(r.started_s),
             "finished_at": at(r.ended_s),
             "input_tokens": int(r.input_tokens),
             "cached_input_tokens": int(r.cached_input_tokens),

@@ -147,12 +147,23 @@ def load_timeline(engine: Engine, run_id: str | None = None) -> Timeline:
                     InstanceResult.instance_id,
                     InstanceResult.state,
                     InstanceResult.started_at,
+                    InstanceResult.claimed_at,
+                    InstanceResult.running_at,
                     InstanceResult.finished_at,
                     InstanceResult.calls,
                     InstanceResult.cost_micro_usd,
                 ).where(InstanceResult.run_id == rid)
             ).all(),
-            ["instance_id", "state", "started_at", "finished_at", "calls", "cost_micro_usd"],
+            [
+                "instance_id",
+                "state",
+                "started_at",
+                "claimed_at",
+                "running_at",
+                "finished_at",
+                "calls",
+                "cost_micro_usd",
+            ],
         )
         start = as_utc(created_at)
         candidates = [start]
@@ -211,6 +222,10 @@ def load_timeline(engine: Engine, run_id: str | None = None) -> Timeline:
     calls["t_min"] = _minutes(calls["requested_at"], start)
     instances["start_min"] = _minutes(instances["started_at"], start)
     instances["end_min"] = _minutes(instances["finished_at"], start)
+    # the last attempt's boot: its claim to its harness's start (NaN where either is unknown)
+    instances["boot_s"] = 60.0 * (
+        _minutes(instances["running_at"], start) - _minutes(instances["claimed_at"], start)
+    )
     decisions["t_min"] = _minutes(decisions["tick_at"], start)
     snapshots["t_min"] = _minutes(snapshots["taken_at"], start)
     audit["t_min"] = _minutes(audit["at"], start)
@@ -412,16 +427,21 @@ def throttles_figure(tl: Timeline, rates: pd.DataFrame | None = None) -> Figure:
 
 
 def instances_figure(tl: Timeline) -> Figure:
-    """Distributions of instance duration (claim to landing) and cost."""
+    """Distributions of instance duration (first claim to landing), boot delay (the last
+    attempt's claim to its harness's start: what ``EVALFLEET_PLANNER_BOOT_S`` should be near)
+    and cost."""
     inst = tl.instances
     done = inst[np.isfinite(inst["end_min"]) & np.isfinite(inst["start_min"])]
-    fig = Figure(figsize=(11, 3.8), layout="constrained")
-    ax_d, ax_c = fig.subplots(1, 2)
+    fig = Figure(figsize=(15, 3.8), layout="constrained")
+    ax_d, ax_b, ax_c = fig.subplots(1, 3)
     durations = (done["end_min"] - done["start_min"]).to_numpy()
+    boots = inst["boot_s"].to_numpy(dtype=np.float64)
+    boots = boots[np.isfinite(boots)]
     cost = inst["cost_micro_usd"].to_numpy(dtype=np.float64) / 1e6
     ax_d.hist(durations, bins=30, color="C0")
+    ax_b.hist(boots, bins=30, color="C2")
     ax_c.hist(cost, bins=30, color="C1")
-    for ax, values in ((ax_d, durations), (ax_c, cost)):
+    for ax, values in ((ax_d, durations), (ax_b, boots), (ax_c, cost)):
         if values.size:
             ax.axvline(float(np.median(values)), color="k", ls="--", lw=1, label="median")
             ax.axvline(float(np.quantile(values, 0.9)), color="k", ls=":", lw=1, label="p90")
@@ -429,8 +449,10 @@ def instances_figure(tl: Timeline) -> Figure:
         ax.grid(alpha=0.3)
         ax.set_ylabel("instances")
     ax_d.set_xlabel("duration (min)")
+    ax_b.set_xlabel("boot (s)")
     ax_c.set_xlabel("cost (USD)")
     ax_d.set_title(f"instance duration ({durations.size} finished)")
+    ax_b.set_title(f"boot, claim to harness start ({boots.size} attempts)")
     ax_c.set_title(f"instance cost (total {cost.sum():.2f} USD)")
     return fig
 

@@ -82,7 +82,11 @@ class InstanceResult(Base):
     lease_token: Mapped[str | None] = mapped_column(String(64))
     heartbeat_at: Mapped[datetime | None] = mapped_column()
     flow_run_id: Mapped[str | None] = mapped_column(String(64))
-    started_at: Mapped[datetime | None] = mapped_column()
+    started_at: Mapped[datetime | None] = mapped_column()  # the first claim
+    # the current attempt's claim (queued -> booting) and its harness's start (booting ->
+    # running): the planner's task age (tasks.plan.read_fleet) and the attempt's boot
+    claimed_at: Mapped[datetime | None] = mapped_column()
+    running_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cached_input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

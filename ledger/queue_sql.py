@@ -50,7 +50,7 @@ WITH picked AS ({_claimable_jobs("now()", one_run=one_run)}
 ), booted AS (
     UPDATE instance_results ir SET state = '{_BOOTING}', lease_token = l.lease_token,
            attempt = l.receive_count, heartbeat_at = now(),
-           started_at = COALESCE(ir.started_at, now())
+           started_at = COALESCE(ir.started_at, now()), claimed_at = now(), running_at = NULL
     FROM leased l
     WHERE ir.run_id = l.run_id AND ir.instance_id = l.instance_id AND ir.state = '{_QUEUED}'
 )
@@ -84,7 +84,8 @@ SQLITE_CLAIM_RUN_JOBS: TextClause = _sqlite_claim_jobs(one_run=True)
 SQLITE_CLAIM_INSTANCE: TextClause = text(
     f"""
 UPDATE instance_results SET state = '{_BOOTING}', lease_token = :token, attempt = :attempt,
-       heartbeat_at = :now, started_at = COALESCE(started_at, :now)
+       heartbeat_at = :now, started_at = COALESCE(started_at, :now), claimed_at = :now,
+       running_at = NULL
 WHERE run_id = :run_id AND instance_id = :instance_id AND state = '{_QUEUED}'
 """
 )

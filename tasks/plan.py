@@ -5,9 +5,9 @@ part of a tick in one call (tests, embedded callers).
 
 One tick, per alias with claimable runs (the clock is read by the flow and passed in):
 
-1. ``read_fleet`` — the running tasks' ages (booting ones counted apart, as age-0 candidates),
-   queued jobs, the harnesses of the alias's work, pauses (the harness pool's ledger flag
-   or the Prefect work pool's pause, every run paused), caps: the static cap, the runs' task
+1. ``read_fleet`` — the running tasks' ages (from their harness's start; booting ones counted
+   apart, as age-0 candidates), queued jobs, the harnesses of the alias's work, pauses (the
+   harness pool's ledger flag or the Prefect work pool's pause, every run paused), caps: the static cap, the runs' task
    caps, the runs' ceiling overrides and the alias's own override (``alias_controls``).
 2. ``advance_budgets`` (``tasks/plan_budgets.py``) — the controller (``planner.budgets``): its
    state is loaded from ``pacer_states`` (or seeded from the ``pacer_configs`` row, else the
@@ -139,9 +139,13 @@ def read_fleet(now: datetime, prefect_paused: bool) -> list[AliasFleet]:
             ).all()
         }
         live = conn.execute(
-            select(InstanceResult.run_id, InstanceResult.state, InstanceResult.started_at).where(
-                InstanceResult.state.in_(_LIVE)
-            )
+            select(
+                InstanceResult.run_id,
+                InstanceResult.state,
+                # a running task's age is its harness's (the curves' age); rows from before
+                # that was recorded: the instance's first claim, as then
+                func.coalesce(InstanceResult.running_at, InstanceResult.started_at),
+            ).where(InstanceResult.state.in_(_LIVE))
         ).all()
         queued = {
             r: int(n)
@@ -160,11 +164,7 @@ def read_fleet(now: datetime, prefect_paused: bool) -> list[AliasFleet]:
         ids = {r.id for r in on_alias}
         mine = [(s, t) for run_id, s, t in live if run_id in ids]
         ages = np.array(
-            [
-                max(0.0, (now - as_utc(t)).total_seconds())
-                for s, t in mine
-                if s != "booting" and t is not None
-            ],
+            [_seconds_since(now, t) for s, t in mine if s != "booting" and t is not None],
             dtype=np.float64,
         )
         # a started task without a start time is as fresh as a booting one
@@ -193,6 +193,11 @@ def read_fleet(now: datetime, prefect_paused: bool) -> list[AliasFleet]:
             )
         )
     return fleets
+
+
+def _seconds_since(now: datetime, then: datetime) -> float:
+    """Seconds from ``then`` to ``now``, never negative (a clock read a little behind)."""
+    return max(0.0, (now - as_utc(then)).total_seconds())
 
 
 def _sum_or_none(values: list[int | None]) -> int | None:

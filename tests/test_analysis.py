@@ -235,6 +235,10 @@ def test_timeline_reads_the_run_and_bins_its_calls(
     assert tl.start == START
     assert tl.duration_min == pytest.approx(sim_run.makespan_s / 60.0)
     assert tl.header_limits == {"requests": 400.0, "tokens": 200_000.0}
+    # each instance's boot is the simulator's: its launch to its harness's first step
+    simulated_boots = (sim_run.instances["started_s"] - sim_run.instances["launched_s"]).to_numpy()
+    assert sorted(tl.instances["boot_s"]) == pytest.approx(sorted(simulated_boots), abs=1e-3)
+    assert tl.instances["boot_s"].min() > 0
     rates = per_minute(tl)
     ok = sim_run.calls["status"] == 200
     assert rates["calls_per_s"].sum() * 60 == pytest.approx(ok.sum())
@@ -283,6 +287,7 @@ def test_timeline_figures_have_their_axes_and_save_as_non_empty_png(
     assert figures["throttles"].axes[0].get_ylabel() == "429s per minute"
     assert [ax.get_xlabel() for ax in figures["instances"].axes] == [
         "duration (min)",
+        "boot (s)",
         "cost (USD)",
     ]
 

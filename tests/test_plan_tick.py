@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from ledger import pacer_window
 from ledger.controls import control_session, set_ceiling_override
-from ledger.models import AuditLog, PauseFlag, Run
+from ledger.models import AuditLog, InstanceResult, PauseFlag, Run
 from ledger.pacer_controls import rebase_pacer, set_pacer
 from ledger.pauses import set_pause
 from planner.budgets import BudgetClass
@@ -70,6 +70,37 @@ def test_the_ledger_pool_flag_and_the_prefect_pause_both_bind_paused(plan_ledger
     set_pause(plan_ledger, "pool", "harness", True, actor="t", reason="maintenance")
     d = plan.plan_tick(T0 + timedelta(seconds=30), False)[ALIAS]
     assert (d.binding.value, d.launches_allowed) == ("paused", 0)
+
+
+def test_ages_are_the_current_attempts_harness_and_boot_times(plan_ledger: Engine) -> None:
+    """A running task's age counts from its harness's start, not from the instance's first
+    claim (a requeued instance starts over); a row from before that was recorded falls back to
+    its first claim."""
+    run_id = add_run(plan_ledger, running=2, booting=1, queued=5)
+    first_claim = T0 - timedelta(hours=1)
+    results = cast(Table, InstanceResult.__table__)
+    with plan_ledger.begin() as conn:
+        for instance, values in (
+            # retried: claimed again 100 s ago, its harness started 40 s ago
+            (
+                "i0",
+                {
+                    "claimed_at": T0 - timedelta(seconds=100),
+                    "running_at": T0 - timedelta(seconds=40),
+                },
+            ),
+            # a row written before the attempt's times were kept
+            ("i1", {"claimed_at": None, "running_at": None}),
+            ("i2", {"claimed_at": T0 - timedelta(seconds=25), "running_at": None}),  # booting
+        ):
+            conn.execute(
+                results.update()
+                .where(results.c.run_id == run_id, results.c.instance_id == instance)
+                .values(started_at=first_claim, **values)
+            )
+    (fleet,) = plan.read_fleet(T0, False)
+    assert sorted(fleet.ages.tolist()) == pytest.approx([40.0, 3600.0])
+    assert fleet.booting == 1
 
 
 def test_booting_tasks_count_as_live(plan_ledger: Engine) -> None:

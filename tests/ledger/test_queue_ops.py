@@ -4,6 +4,7 @@ pauses and run states. Each test gets a fresh ledger (``ledger_engine`` is param
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 import pytest
 from queue_helpers import jobs, make_run, states
@@ -146,6 +147,42 @@ def test_requeue_counts_attempts_then_lost(ledger_engine: Engine) -> None:
         assert result == (InstanceState.QUEUED if attempt < 3 else InstanceState.LOST)
     assert states(ledger_engine, run_id) == {instance: "lost"}
     assert jobs(ledger_engine, run_id) == {}
+
+
+Times = tuple[datetime | None, datetime | None, datetime | None]
+
+
+def _times(engine: Engine, run_id: str) -> Times:
+    """The instance's first claim, its attempt's claim and its attempt's harness start."""
+    with Session(engine) as session:
+        row = session.execute(
+            select(
+                InstanceResult.started_at, InstanceResult.claimed_at, InstanceResult.running_at
+            ).where(InstanceResult.run_id == run_id)
+        ).one()
+    return row[0], row[1], row[2]
+
+
+def test_each_attempt_records_its_claim_and_its_harness_start(ledger_engine: Engine) -> None:
+    """The planner's ages (``tasks.plan.read_fleet``): ``started_at`` is the first claim,
+    kept; ``claimed_at`` and ``running_at`` are the current attempt's, so a requeued instance
+    boots and runs again from its new claim, not from its first."""
+    run_id, _ = make_run(ledger_engine, 1, max_attempts=3)
+    (first,) = queue.claim(ledger_engine, "harness", 1)
+    started, claimed, running = _times(ledger_engine, run_id)
+    assert started is not None and claimed == started and running is None
+    time.sleep(0.05)
+    queue.mark_running(ledger_engine, first)
+    _, _, running = _times(ledger_engine, run_id)
+    assert running is not None and running > started
+    reaper.requeue(ledger_engine, first, "worker died")
+    time.sleep(0.05)
+    (second,) = queue.claim(ledger_engine, "harness", 1)
+    again_started, again_claimed, again_running = _times(ledger_engine, run_id)
+    assert second.attempt == 2
+    assert again_started == started  # the instance's first claim
+    assert again_claimed is not None and again_claimed > running
+    assert again_running is None  # booting again: its harness has not started
 
 
 def test_requeue_delay_hides_the_job(ledger_engine: Engine) -> None:
