@@ -54,6 +54,25 @@ def test_cache_reads_of_a_fifth_of_the_base_that_the_provider_charged_count() ->
     )
 
 
+def test_cache_reads_of_a_tenth_of_the_base_that_the_provider_charged_count() -> None:
+    """wide-3791 of ``sim.generate_wide``: 9% of the input cached (9.9% of the uncached base),
+    the provider counting it, the alias believing not. Held at the limit the headers state,
+    the pacer undercounts every call by a tenth and draws a 429 each time the provider's
+    bucket runs down (28 in a 4,800 s run, rate 0.0062). The provider charged 3.3M where 3M
+    uncached and 0.3M of cache reads went out: they count."""
+    windows = [span(2e6, 1.7e6, base=3e6, cached=0.3e6)]
+    assert infer_cached_input_counts(windows, believed=False) is True
+    # charged only the uncached tokens: the belief stands
+    assert (
+        infer_cached_input_counts([span(2e6, 2e6, base=3e6, cached=0.3e6)], believed=False) is False
+    )
+    # charged a little over the base, but less than half the cache reads over it: it stands
+    assert (
+        infer_cached_input_counts([span(2e6, 1.9e6, base=3e6, cached=0.3e6)], believed=False)
+        is False
+    )
+
+
 def test_a_bucket_drained_from_full_is_a_floor_on_the_charge() -> None:
     # from full to empty in 30 s: refill may have been lost at the top, but 6M left the bucket
     windows = [span(CAP, 0.0, base=1e6, cached=7e6)]

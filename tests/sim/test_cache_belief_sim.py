@@ -7,6 +7,7 @@ import pytest
 
 from planner.budgets import BudgetClass
 from planner.drain import drained_rate
+from sim.generate_wide import wide_scenario
 from sim.planner_policy import PlannerPolicy
 from sim.scenario import Latency, Scenario, parse_scenario
 from sim.workload import build_workload
@@ -168,3 +169,15 @@ def test_the_gateways_verdict_paces_at_once_and_the_planner_adopts_it_at_its_tic
     (flipped, believed_then), (adopted,) = pacer_at[0], planner_at
     assert not believed_then  # the pacer first, on the gateway's word
     assert flipped < adopted <= flipped + 15.0  # the planner at its next tick
+
+
+def test_cache_reads_of_a_tenth_of_the_base_are_found_to_count_at_a_stated_limit() -> None:
+    """``wide-3791`` (OpenAI headers): 9% of the input is cached and the provider counts it,
+    the operator believes not, and the stated input limit drops to 0.57x at 974 s. Paced at
+    the stated limit in uncounted units, every call was a tenth over what the pacer charged,
+    and each time the provider's bucket ran down a 429 cut the budget and it grew back: 28
+    429s, rate 0.0062. The remaining-tokens headers say the cache reads were charged."""
+    policy, row = simulate_planner(wide_scenario(3791))
+    assert [counts for _, counts in policy.recounted] == [True]
+    assert policy.recounted[0][0] < 974  # before the drop
+    assert row["rate_429"] <= 0.001 and row["ratio"] <= 1.2
