@@ -298,7 +298,8 @@ def mark_running(
     vt = visibility(visibility_timeout_s)
     with write_transaction(engine) as conn:
         deadline = _extend(conn, lease, vt)
-        values: dict[str, object] = {"heartbeat_at": db_now(conn), "running_at": db_now(conn)}
+        now = db_now(conn)
+        values: dict[str, object] = {"heartbeat_at": now, "running_at": now}
         if flow_run_id is not None:
             values["flow_run_id"] = flow_run_id
         _guarded_instance_update(conn, lease, InstanceState.RUNNING, **values)

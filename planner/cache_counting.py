@@ -175,7 +175,7 @@ class CountingConfig:
     # 429s over a 52-hour run, rate 0.58%; 1 once flipped). Not 0.1 either (until the
     # forty-sixth round): at 9.9% (wide-3791) the pacer, held at the stated limit, drew a 429
     # each time its bucket ran down, every ~260 s, rate 0.62%; the charge must still exceed the
-    # base by this share, and on 2,556 runs no other flipped (docs/bench-planner.md)
+    # base by this share, and of 2,352 generated runs no other flips (docs/bench-planner.md)
     min_cached_share: float = 0.05
     # the same where the evidence is that they do not count (sent over the bound): a pacer
     # charging cache reads of 19% of the base against a limit that ignores them runs 16% under

@@ -7,8 +7,9 @@ One tick, per alias with claimable runs (the clock is read by the flow and passe
 
 1. ``read_fleet`` — the running tasks' ages (from their harness's start; booting ones counted
    apart, as age-0 candidates), queued jobs, the harnesses of the alias's work, pauses (the
-   harness pool's ledger flag or the Prefect work pool's pause, every run paused), caps: the static cap, the runs' task
-   caps, the runs' ceiling overrides and the alias's own override (``alias_controls``).
+   harness pool's ledger flag or the Prefect work pool's pause, every run paused), caps: the
+   static cap, the runs' task caps, the runs' ceiling overrides and the alias's own override
+   (``alias_controls``).
 2. ``advance_budgets`` (``tasks/plan_budgets.py``) — the controller (``planner.budgets``): its
    state is loaded from ``pacer_states`` (or seeded from the ``pacer_configs`` row, else the
    alias file's seed; an operator edit — a new ``pacer_configs`` version — re-seeds it),
@@ -164,7 +165,11 @@ def read_fleet(now: datetime, prefect_paused: bool) -> list[AliasFleet]:
         ids = {r.id for r in on_alias}
         mine = [(s, t) for run_id, s, t in live if run_id in ids]
         ages = np.array(
-            [_seconds_since(now, t) for s, t in mine if s != "booting" and t is not None],
+            [
+                max(0.0, (now - as_utc(t)).total_seconds())
+                for s, t in mine
+                if s != "booting" and t is not None
+            ],
             dtype=np.float64,
         )
         # a started task without a start time is as fresh as a booting one
@@ -193,11 +198,6 @@ def read_fleet(now: datetime, prefect_paused: bool) -> list[AliasFleet]:
             )
         )
     return fleets
-
-
-def _seconds_since(now: datetime, then: datetime) -> float:
-    """Seconds from ``then`` to ``now``, never negative (a clock read a little behind)."""
-    return max(0.0, (now - as_utc(then)).total_seconds())
 
 
 def _sum_or_none(values: list[int | None]) -> int | None:
