@@ -7,8 +7,8 @@
   token class, the pacer wait — as
   ``WindowCalls``; ``latest_call_id`` starts the watermark;
 * ``accepted_rates``: what the provider accepted over a time span (a repeated cut's measure);
-* ``drained_rates``: how fast the provider's bucket of each class was drained up to a time
-  (``planner.drain``: the blame of a 429 that names no limit), and the token rate counted the
+* ``drained_rates``: how fast the provider's bucket of each class was drained up to a time by
+  the calls sent upstream before it (``planner.drain``: the blame of a 429 that names no limit), and the token rate counted the
   other way (``planner.drain_belief``: the test of the cache-counting belief without headers);
 * ``fresh_header_limits``: the provider's latest stated limits when they were observed after the
   previous tick (an old observation must not keep a stale seed looking fresh);
@@ -52,6 +52,11 @@ __all__ = [
     "stated_limits",
     "stated_remaining",
 ]
+
+#: how long before the drain's lookback a call may have been requested and still be sent within
+#: it: the longest pacer wait read for (a wait that long is rare; a call missed for it sits at
+#: the lookback's far end, where it weighs least in the drained rate)
+SEND_SLACK_S = 300.0
 
 _RATE_TYPES = {
     LimitType.REQUESTS.value,
@@ -170,33 +175,43 @@ def drained_rates(
 ) -> DrainedRates:
     """Per budget class, how fast the provider's per-minute bucket was drained up to ``until``
     (``planner.drain.drained_rate``) by the calls it served (``SERVED_STATUSES``) of those
-    requested over the ``planner.drain.LOOKBACK_S`` before it, tokens counted both ways in one
+    sent over the ``planner.drain.LOOKBACK_S`` before it, tokens counted both ways in one
     read. Rejected calls are left out: what a rejection costs the request bucket is the
     provider's business, and counted as a whole request each, a storm's rejections read as a
-    drain faster than the limit for the whole lookback."""
+    drain faster than the limit for the whole lookback.
+
+    A call drains the bucket when it is sent upstream, its request plus its pacer wait (as in
+    the simulator, whose planner reads the calls at their admission). Counted at its request,
+    a call would be counted a pacer wait early and the rate read low by about that wait over
+    the span read (``bucket_s`` plus the time since the bucket was full): a 10 s wait at a 429
+    after a minute at the limit puts it 8% under the limit. A served retry is counted at its first attempt's send (the ledger keeps no later
+    send time; ``charges.calls_sent_between`` leaves retries out for the same reason)."""
     since = until - timedelta(seconds=LOOKBACK_S)
     rows = conn.execute(
         select(
             LlmCall.requested_at,
+            LlmCall.pacer_wait_s,
             _counted_tokens(token_class, cached_input_counts),
             _counted_tokens(token_class, not cached_input_counts),
             LlmCall.output_tokens,
         ).where(
             LlmCall.alias == alias,
-            LlmCall.requested_at >= since,
+            LlmCall.requested_at >= since - timedelta(seconds=SEND_SLACK_S),
             LlmCall.requested_at <= until,
             LlmCall.status.in_(SERVED_STATUSES),
         )
     ).all()
-    end = as_utc(until).timestamp()
+    start, end = as_utc(since).timestamp(), as_utc(until).timestamp()
     events: dict[BudgetClass, list[tuple[float, float]]] = {
         BudgetClass.REQUESTS: [],
         BudgetClass.TOKENS: [],
         BudgetClass.OUTPUT_TOKENS: [],
     }
     other: list[tuple[float, float]] = []
-    for requested_at, counted, counted_other, output in rows:
-        at = as_utc(requested_at).timestamp()
+    for requested_at, wait, counted, counted_other, output in rows:
+        at = as_utc(requested_at).timestamp() + float(wait or 0.0)
+        if not start <= at <= end:
+            continue
         events[BudgetClass.REQUESTS].append((at, 1.0))
         events[BudgetClass.TOKENS].append((at, float(counted or 0)))
         events[BudgetClass.OUTPUT_TOKENS].append((at, float(output or 0)))

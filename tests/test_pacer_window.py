@@ -92,6 +92,34 @@ def test_the_drained_rates_read_what_was_served_over_the_lookback(plan_ledger: E
     assert rates[BudgetClass.OUTPUT_TOKENS] == pytest.approx(30 * 100 / span)
 
 
+def test_a_call_drains_the_bucket_when_it_is_sent_not_when_it_is_requested(
+    plan_ledger: Engine,
+) -> None:
+    """The provider charges a call when the gateway sends it, its request plus its pacer wait,
+    as the simulator's planner reads it. Read at their requests, 30 calls held 30 s at the
+    pacer would spread over 40 s before the tick instead of 10, and the rate read 70/100 of
+    what the bucket drained. Calls requested before the lookback and sent within it count;
+    calls requested within it and sent after the tick do not."""
+    add_calls(plan_ledger, 30, at=T0 - timedelta(seconds=40), pacer_wait_s=30.0)
+    add_calls(plan_ledger, 6, at=T0 - timedelta(seconds=LOOKBACK_S + 20), pacer_wait_s=30.0)
+    add_calls(plan_ledger, 5, at=T0 - timedelta(seconds=5), pacer_wait_s=10.0)
+    with plan_ledger.connect() as conn:
+        read = pacer_window.drained_rates(
+            conn, ALIAS, T0, token_class="input", cached_input_counts=False
+        )
+        at_sends = pacer_window.drained_rates(
+            conn,
+            ALIAS,
+            T0 - timedelta(seconds=LOOKBACK_S - 15),
+            token_class="input",
+            cached_input_counts=False,
+        )
+    assert read.rates[BudgetClass.REQUESTS] == pytest.approx(30 / (60.0 + 10.0))
+    assert read.rates[BudgetClass.TOKENS] == pytest.approx(30 * 1000 / (60.0 + 10.0))
+    # the 6 sent 10 s into the lookback of a tick 15 s after it: a full bucket plus 5 s
+    assert at_sends.rates[BudgetClass.REQUESTS] == pytest.approx(6 / (60.0 + 5.0))
+
+
 def test_the_largest_served_call_is_read_per_token_class(plan_ledger: Engine) -> None:
     """Rule 8's evidence: the largest call the provider served, counted as the alias counts
     them; a 429 proves nothing and a window with nothing served has no evidence."""
