@@ -6,7 +6,8 @@
   runs they hit), the counted usage of each budget class, the largest served call of each
   token class, the pacer wait — as
   ``WindowCalls``; ``latest_call_id`` starts the watermark;
-* ``accepted_rates``: what the provider accepted over a time span (a repeated cut's measure);
+* ``accepted_rates``: what the provider accepted, answered over a time span (a repeated cut's
+  measure);
 * ``drained_rates``: how fast the provider's bucket of each class was drained up to a time by
   the calls sent upstream before it (``planner.drain``: the blame of a 429 that names no limit), and the token rate counted the
   other way (``planner.drain_belief``: the test of the cache-counting belief without headers);
@@ -53,9 +54,10 @@ __all__ = [
     "stated_remaining",
 ]
 
-#: how long before the drain's lookback a call may have been requested and still be sent within
-#: it: the longest pacer wait read for (a wait that long is rare; a call missed for it sits at
-#: the lookback's far end, where it weighs least in the drained rate)
+#: how long before a span a call may have been requested and still be sent (or answered)
+#: within it: the longest pacer wait (plus latency) read for. A call missed for it sits at the
+#: far end of the drain's lookback, where it weighs least; a cooldown's accepted rate misses a
+#: call that took this long only if it was answered in the cooldown
 SEND_SLACK_S = 300.0
 
 _RATE_TYPES = {
@@ -131,28 +133,41 @@ def accepted_rates(
     cached_input_counts: bool,
 ) -> dict[BudgetClass, float]:
     """What the provider accepted for ``alias`` between ``since`` and ``until`` (the calls it
-    served, ``SERVED_STATUSES``, requested then), per budget class, per second: the
-    measurement a repeated 429 cut reads (``WindowObservation.delivered``)."""
+    served, ``SERVED_STATUSES``, answered then: request plus pacer wait plus latency), per
+    budget class, per second: the measurement a repeated 429 cut reads
+    (``WindowObservation.delivered``). Answered, as the simulator's planner counts them: a
+    span ending at the tick holds every call answered in it, where the calls requested in it
+    are in the ledger only once answered, and a span as short as a cooldown would miss the
+    slow ones (with 10 s calls, a third of a 30 s span's)."""
     span = (until - since).total_seconds()
     if span <= 0:
         return {}
-    zero = 0
-    row = conn.execute(
+    rows = conn.execute(
         select(
-            func.count(),
-            func.coalesce(func.sum(_counted_tokens(token_class, cached_input_counts)), zero),
-            func.coalesce(func.sum(LlmCall.output_tokens), zero),
+            LlmCall.requested_at,
+            LlmCall.pacer_wait_s,
+            LlmCall.latency_s,
+            _counted_tokens(token_class, cached_input_counts),
+            LlmCall.output_tokens,
         ).where(
             LlmCall.alias == alias,
             LlmCall.status.in_(SERVED_STATUSES),
-            LlmCall.requested_at >= since,
+            LlmCall.requested_at >= since - timedelta(seconds=SEND_SLACK_S),
             LlmCall.requested_at <= until,
         )
-    ).one()
+    ).all()
+    start, end = as_utc(since).timestamp(), as_utc(until).timestamp()
+    calls = counted = output = 0.0
+    for requested_at, wait, latency, tokens, out in rows:
+        answered = as_utc(requested_at).timestamp() + float(wait or 0.0) + float(latency or 0.0)
+        if start <= answered <= end:
+            calls += 1
+            counted += float(tokens or 0)
+            output += float(out or 0)
     return {
-        BudgetClass.REQUESTS: float(row[0]) / span,
-        BudgetClass.TOKENS: float(row[1]) / span,
-        BudgetClass.OUTPUT_TOKENS: float(row[2]) / span,
+        BudgetClass.REQUESTS: calls / span,
+        BudgetClass.TOKENS: counted / span,
+        BudgetClass.OUTPUT_TOKENS: output / span,
     }
 
 

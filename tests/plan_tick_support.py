@@ -131,6 +131,7 @@ def add_calls(
     pacer_wait_s: float = 0.0,
     retry: bool = False,
     cached: int = 0,
+    latency_s: float = 1.0,
 ) -> None:
     """``n`` calls of ``tokens`` input tokens (``cached`` of them cache reads) each."""
     with eng.begin() as conn:
@@ -146,7 +147,7 @@ def add_calls(
                     "output_tokens": 100 if status in SERVED_STATUSES else 0,
                     "status": status,
                     "limit_type": limit_type,
-                    "latency_s": 1.0,
+                    "latency_s": latency_s,
                     "pacer_wait_s": pacer_wait_s,
                     "retry": retry,
                 }

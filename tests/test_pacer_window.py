@@ -120,6 +120,26 @@ def test_a_call_drains_the_bucket_when_it_is_sent_not_when_it_is_requested(
     assert at_sends.rates[BudgetClass.REQUESTS] == pytest.approx(6 / (60.0 + 5.0))
 
 
+def test_the_accepted_rates_read_the_calls_answered_in_the_span(plan_ledger: Engine) -> None:
+    """A repeated cut's measure (``WindowObservation.delivered``): the calls the provider
+    answered over the span, as the simulator's planner counts them. Calls requested before the
+    span and answered in it count; calls requested in it and answered after it, and 429s, do
+    not (read by request, a 30 s span at the tick would miss every call slower than the time
+    left in it)."""
+    since, until = T0 - timedelta(seconds=30), T0
+    add_calls(plan_ledger, 8, at=T0 - timedelta(seconds=45), pacer_wait_s=5.0, latency_s=20.0)
+    add_calls(plan_ledger, 4, at=T0 - timedelta(seconds=20), latency_s=10.0, cached=400)
+    add_calls(plan_ledger, 6, at=T0 - timedelta(seconds=20), latency_s=25.0)
+    add_calls(plan_ledger, 3, status=429, limit_type="tokens", at=T0 - timedelta(seconds=10))
+    with plan_ledger.connect() as conn:
+        rates = pacer_window.accepted_rates(
+            conn, ALIAS, since, until, token_class="input", cached_input_counts=False
+        )
+    assert rates[BudgetClass.REQUESTS] == pytest.approx((8 + 4) / 30.0)
+    assert rates[BudgetClass.TOKENS] == pytest.approx((8 * 1000 + 4 * 600) / 30.0)
+    assert rates[BudgetClass.OUTPUT_TOKENS] == pytest.approx(12 * 100 / 30.0)
+
+
 def test_the_largest_served_call_is_read_per_token_class(plan_ledger: Engine) -> None:
     """Rule 8's evidence: the largest call the provider served, counted as the alias counts
     them; a 429 proves nothing and a window with nothing served has no evidence."""

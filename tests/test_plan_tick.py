@@ -177,10 +177,11 @@ def test_a_429_persisting_through_the_cooldown_cuts_to_what_the_provider_accepte
     add_calls(plan_ledger, 2, status=429, limit_type="tokens")
     t1 = T0 + timedelta(seconds=15)
     assert plan.plan_tick(t1, False)[ALIAS].budgets["tokens_per_s"] == pytest.approx(tokens0 * 0.75)
-    # over the next 30 s the provider accepted 30 calls of 13,000 input tokens: ~13,000/s
+    # over the next 30 s the provider answered 30 calls of 13,000 input tokens: ~13,000/s
+    # (each answered 1 s after its request)
     t3 = t1 + timedelta(seconds=30)
     for i in range(30):
-        add_calls(plan_ledger, 1, at=t1 + timedelta(seconds=i + 0.5), tokens=13_000)
+        add_calls(plan_ledger, 1, at=t1 + timedelta(seconds=i - 0.5), tokens=13_000)
     add_calls(plan_ledger, 1, status=429, limit_type="tokens", at=t3 - timedelta(seconds=1))
     d3 = plan.plan_tick(t3, False)[ALIAS]
     combined = stored(plan_ledger).state.token_class == "combined"
