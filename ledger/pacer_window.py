@@ -9,8 +9,9 @@
 * ``accepted_rates``: what the provider accepted, answered over a time span (a repeated cut's
   measure);
 * ``drained_rates``: how fast the provider's bucket of each class was drained up to a time by
-  the calls sent upstream before it (``planner.drain``: the blame of a 429 that names no limit), and the token rate counted the
-  other way (``planner.drain_belief``: the test of the cache-counting belief without headers);
+  the calls sent upstream before it (``planner.drain``: the blame of a 429 that names no
+  limit), and the token rate counted the other way (``planner.drain_belief``: the test of the
+  cache-counting belief without headers);
 * ``fresh_header_limits``: the provider's latest stated limits when they were observed after the
   previous tick (an old observation must not keep a stale seed looking fresh);
   ``stated_limits`` / ``stated_remaining`` read such stored limits back.
@@ -199,8 +200,9 @@ def drained_rates(
     the simulator, whose planner reads the calls at their admission). Counted at its request,
     a call would be counted a pacer wait early and the rate read low by about that wait over
     the span read (``bucket_s`` plus the time since the bucket was full): a 10 s wait at a 429
-    after a minute at the limit puts it 8% under the limit. A served retry is counted at its first attempt's send (the ledger keeps no later
-    send time; ``charges.calls_sent_between`` leaves retries out for the same reason)."""
+    after a minute at the limit puts it 8% under the limit. A served retry is counted at its
+    first attempt's send (the ledger keeps no later send time; ``charges.calls_sent_between``
+    leaves retries out for the same reason)."""
     since = until - timedelta(seconds=LOOKBACK_S)
     rows = conn.execute(
         select(
