@@ -33,7 +33,7 @@ from ledger.models import (
     AliasObservation,
     LlmCall,
 )
-from ledger.pacer_window import stated_limits, stated_remaining
+from ledger.pacer_window import sent_epoch, stated_limits, stated_remaining
 from ledger.throttle_reading import TOKEN_LIMIT_TYPES, ThrottleReading
 from planner.budget_state import BudgetClass, TokenClass
 from planner.budgets import header_classes
@@ -181,9 +181,7 @@ def calls_sent_between(
             LlmCall.requested_at < end,
         )
     ).all()
-    return [
-        (as_utc(at).timestamp() + float(wait or 0.0), float(b), float(c)) for at, wait, b, c in rows
-    ]
+    return [(sent_epoch(at, wait), float(b), float(c)) for at, wait, b, c in rows]
 
 
 def longest_recent_wait(

@@ -51,6 +51,7 @@ __all__ = [
     "fresh_header_limits",
     "latest_call_id",
     "read_window",
+    "sent_epoch",
     "stated_limits",
     "stated_remaining",
 ]
@@ -124,6 +125,12 @@ def _counted_tokens(token_class: TokenClass, cached_input_counts: bool) -> Any:
     return counted
 
 
+def sent_epoch(requested_at: datetime, pacer_wait_s: float | None) -> float:
+    """When a recorded call went upstream (epoch seconds): its request plus its pacer wait,
+    the moment the provider charged it (a retry's later sends are not in the ledger)."""
+    return as_utc(requested_at).timestamp() + float(pacer_wait_s or 0.0)
+
+
 def accepted_rates(
     conn: Connection,
     alias: str,
@@ -160,7 +167,7 @@ def accepted_rates(
     start, end = as_utc(since).timestamp(), as_utc(until).timestamp()
     calls = counted = output = 0.0
     for requested_at, wait, latency, tokens, out in rows:
-        answered = as_utc(requested_at).timestamp() + float(wait or 0.0) + float(latency or 0.0)
+        answered = sent_epoch(requested_at, wait) + float(latency or 0.0)
         if start <= answered <= end:
             calls += 1
             counted += float(tokens or 0)
@@ -226,7 +233,7 @@ def drained_rates(
     }
     other: list[tuple[float, float]] = []
     for requested_at, wait, counted, counted_other, output in rows:
-        at = as_utc(requested_at).timestamp() + float(wait or 0.0)
+        at = sent_epoch(requested_at, wait)
         if not start <= at <= end:
             continue
         events[BudgetClass.REQUESTS].append((at, 1.0))
