@@ -143,6 +143,7 @@ def write_simulated_run(
             "alias": alias,
             "harness": sim.harness,
             "requested_at": at(r.requested_s),
+            "sent_at": at(r.requested_s + r.pacer_wait_s),
             "task_age_s": float(r.task_age_s),
             "input_tokens": int(r.input_tokens),
             "cached_input_tokens": int(r.cached_input_tokens),

@@ -203,7 +203,7 @@ class Gateway:
         return await self._handle(request, "anthropic")
 
     async def _handle(self, request: Request, flavour: str) -> Response:
-        requested_at = datetime.now(UTC)
+        requested_at = datetime.fromtimestamp(self._clock(), UTC)
         if self._paused:
             return error_response(
                 flavour,
@@ -330,7 +330,7 @@ class Gateway:
                 except ValueError:
                     log.warning("alias %s: provider sent a 200 that is not JSON", call.alias.name)
                 self.sends.answered(attempt, call.usage.uncached, call.usage.input_cached)
-                cost = self.book.record(call, 200, latency, None)
+                cost = self.book.record(call, 200, latency, None, sent_at=sent_at)
                 self.book.note_outcome(call, rejected=False)
                 self._settle_later(call, cost)
                 return Response(
@@ -359,7 +359,7 @@ class Gateway:
             # decides which, none for spend or overload; a per-day limit's 429 holds them all)
             self.pacer.hold(call.alias.name, verdict)
             limit = None if verdict.limit_type is LimitType.NONE else verdict.limit_type.value
-            self.book.record(call, upstream.status_code, latency, limit)
+            self.book.record(call, upstream.status_code, latency, limit, sent_at=sent_at)
             wait = verdict.retry_after_s if verdict.retry_after_s is not None else 1.0
             retryable = (
                 upstream.status_code in RETRYABLE and verdict.limit_type is not LimitType.SPEND
@@ -389,7 +389,9 @@ class Gateway:
                 return
             if status == 200:
                 gateway.sends.answered(attempt, call.usage.uncached, call.usage.input_cached)
-            cost = gateway.book.record(call, status, time.monotonic() - started, None)
+            cost = gateway.book.record(
+                call, status, time.monotonic() - started, None, sent_at=sent_at
+            )
             gateway._settle_now(call, settled_cost=cost if status in SERVED_STATUSES else 0)
 
         def abandoned() -> None:

@@ -163,9 +163,12 @@ class CallBook:
         _remember(self._first_seen, key, first)
         return now - first
 
-    def record(self, call: Call, status: int, latency_s: float, limit: str | None) -> int:
+    def record(
+        self, call: Call, status: int, latency_s: float, limit: str | None, *, sent_at: float
+    ) -> int:
         """Queue the attempt's ``llm_calls`` row (usage and cost of a 200, or of the part of a
-        stream relayed before the harness hung up, only); its cost."""
+        stream relayed before the harness hung up, only), sent upstream at ``sent_at`` (the
+        gateway's clock, epoch seconds); its cost."""
         usage = call.usage if status in SERVED_STATUSES else CallUsage()
         cost = call.alias.prices.cost_micro_usd(usage.uncached, usage.input_cached, usage.output)
         self._recorder.record(
@@ -175,6 +178,7 @@ class CallBook:
                 "alias": call.alias.name,
                 "harness": call.harness,
                 "requested_at": call.requested_at,
+                "sent_at": datetime.fromtimestamp(sent_at, UTC),
                 "task_age_s": call.task_age_s,
                 "input_tokens": usage.input_total,
                 "cached_input_tokens": usage.input_cached,

@@ -8,8 +8,8 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
 * ``sent_between``: the tokens of the calls the provider accepted, requested in a span, split
   into what counts either way (uncached input, plus output for a combined limit) and cache
   reads; or of the served retries alone (a span's calls sent at times the ledger does not keep).
-* ``calls_sent_between``: the same calls one by one, with when each was sent upstream (its
-  request plus its pacer wait), for the dip of a reading (``planner.cache_counting.dip_window``).
+* ``calls_sent_between``: the same calls one by one, with when each was sent upstream
+  (``llm_calls.sent_at``, or on older rows its request plus its pacer wait), for the dip of a reading (``planner.cache_counting.dip_window``).
 * ``throttled_bucket``: the first token 429 of the latest storm, as a reading of the counted
   token bucket (empty, at the 429).
 * ``stated_complete_before``: that word alone (``tasks.plan_settle``).
@@ -164,13 +164,15 @@ def calls_sent_between(
     conn: Connection, alias: str, start: datetime, end: datetime, token_class: TokenClass
 ) -> list[tuple[float, float, float]]:
     """(sent at, base, cache reads) of the accepted first attempts of ``alias`` requested in
-    [start, end); sent at: epoch seconds of the request plus its pacer wait. A retried call's
-    last attempt went out after waits the ledger does not keep: it is left out (what is sent
-    is then under-stated, which can only keep the belief that cache reads count)."""
+    [start, end); sent at: epoch seconds (``pacer_window.sent_epoch``). A served retry is left
+    out: rows written before ``llm_calls.sent_at`` do not say when it went out, and the span's
+    retries are weighed apart (``sent_between``'s ``retries_only``); what is sent is then
+    under-stated, which can only keep the belief that cache reads count."""
     rows = conn.execute(
         select(
             LlmCall.requested_at,
             LlmCall.pacer_wait_s,
+            LlmCall.sent_at,
             _counted_base(token_class),
             LlmCall.cached_input_tokens,
         ).where(
@@ -181,7 +183,7 @@ def calls_sent_between(
             LlmCall.requested_at < end,
         )
     ).all()
-    return [(sent_epoch(at, wait), float(b), float(c)) for at, wait, b, c in rows]
+    return [(sent_epoch(at, wait, sent), float(b), float(c)) for at, wait, sent, b, c in rows]
 
 
 def longest_recent_wait(

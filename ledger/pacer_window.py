@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 #: how long before a span a call may have been requested and still be sent (or answered)
-#: within it: the longest pacer wait (plus latency) read for. A call missed for it sits at the
+#: within it: the longest pacer wait (plus the gateway's retries and latency) read for. A call missed for it sits at the
 #: far end of the drain's lookback, where it weighs least; a cooldown's accepted rate misses a
 #: call that took this long only if it was answered in the cooldown
 SEND_SLACK_S = 300.0
@@ -125,9 +125,14 @@ def _counted_tokens(token_class: TokenClass, cached_input_counts: bool) -> Any:
     return counted
 
 
-def sent_epoch(requested_at: datetime, pacer_wait_s: float | None) -> float:
-    """When a recorded call went upstream (epoch seconds): its request plus its pacer wait,
-    the moment the provider charged it (a retry's later sends are not in the ledger)."""
+def sent_epoch(
+    requested_at: datetime, pacer_wait_s: float | None, sent_at: datetime | None
+) -> float:
+    """When a recorded attempt went upstream (epoch seconds), the moment the provider charged
+    it: its ``sent_at``; on a row written before the gateway recorded that, its request plus
+    its pacer wait (a retry's then placed at its first attempt's send)."""
+    if sent_at is not None:
+        return as_utc(sent_at).timestamp()
     return as_utc(requested_at).timestamp() + float(pacer_wait_s or 0.0)
 
 
@@ -154,6 +159,7 @@ def accepted_rates(
         select(
             LlmCall.requested_at,
             LlmCall.pacer_wait_s,
+            LlmCall.sent_at,
             LlmCall.latency_s,
             _counted_tokens(token_class, cached_input_counts),
             LlmCall.output_tokens,
@@ -166,8 +172,8 @@ def accepted_rates(
     ).all()
     start, end = as_utc(since).timestamp(), as_utc(until).timestamp()
     calls = counted = output = 0.0
-    for requested_at, wait, latency, tokens, out in rows:
-        answered = sent_epoch(requested_at, wait) + float(latency or 0.0)
+    for requested_at, wait, sent_at, latency, tokens, out in rows:
+        answered = sent_epoch(requested_at, wait, sent_at) + float(latency or 0.0)
         if start <= answered <= end:
             calls += 1
             counted += float(tokens or 0)
@@ -203,18 +209,18 @@ def drained_rates(
     provider's business, and counted as a whole request each, a storm's rejections read as a
     drain faster than the limit for the whole lookback.
 
-    A call drains the bucket when it is sent upstream, its request plus its pacer wait (as in
+    A call drains the bucket when it is sent upstream, its ``sent_at`` (``sent_epoch``; as in
     the simulator, whose planner reads the calls at their admission). Counted at its request,
     a call would be counted a pacer wait early and the rate read low by about that wait over
     the span read (``bucket_s`` plus the time since the bucket was full): a 10 s wait at a 429
     after a minute at the limit puts it 8% under the limit. A served retry is counted at its
-    first attempt's send (the ledger keeps no later send time; ``charges.calls_sent_between``
-    leaves retries out for the same reason)."""
+    own send, after its predecessors' ``retry-after``."""
     since = until - timedelta(seconds=LOOKBACK_S)
     rows = conn.execute(
         select(
             LlmCall.requested_at,
             LlmCall.pacer_wait_s,
+            LlmCall.sent_at,
             _counted_tokens(token_class, cached_input_counts),
             _counted_tokens(token_class, not cached_input_counts),
             LlmCall.output_tokens,
@@ -232,8 +238,8 @@ def drained_rates(
         BudgetClass.OUTPUT_TOKENS: [],
     }
     other: list[tuple[float, float]] = []
-    for requested_at, wait, counted, counted_other, output in rows:
-        at = sent_epoch(requested_at, wait)
+    for requested_at, wait, sent_at, counted, counted_other, output in rows:
+        at = sent_epoch(requested_at, wait, sent_at)
         if not start <= at <= end:
             continue
         events[BudgetClass.REQUESTS].append((at, 1.0))

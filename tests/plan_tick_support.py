@@ -132,8 +132,10 @@ def add_calls(
     retry: bool = False,
     cached: int = 0,
     latency_s: float = 1.0,
+    sent_at: datetime | None = None,
 ) -> None:
-    """``n`` calls of ``tokens`` input tokens (``cached`` of them cache reads) each."""
+    """``n`` calls of ``tokens`` input tokens (``cached`` of them cache reads) each, requested
+    ``at`` and sent upstream ``sent_at`` (None: unrecorded, as on rows before it was)."""
     with eng.begin() as conn:
         conn.execute(
             insert(LlmCall),
@@ -142,6 +144,7 @@ def add_calls(
                     "run_id": run_id,
                     "alias": ALIAS,
                     "requested_at": at,
+                    "sent_at": sent_at,
                     "input_tokens": tokens if status in SERVED_STATUSES else 0,
                     "cached_input_tokens": cached if status in SERVED_STATUSES else 0,
                     "output_tokens": 100 if status in SERVED_STATUSES else 0,

@@ -140,6 +140,42 @@ def test_the_accepted_rates_read_the_calls_answered_in_the_span(plan_ledger: Eng
     assert rates[BudgetClass.OUTPUT_TOKENS] == pytest.approx(12 * 100 / 30.0)
 
 
+def test_a_served_retry_drains_and_is_answered_at_its_own_send(plan_ledger: Engine) -> None:
+    """An attempt's ``sent_at`` places it: 10 retries the gateway sent 40 s after their calls'
+    first sends (a 429's ``retry-after`` and a short pacer wait) drain the bucket and are
+    answered then, not at the request plus the pacer wait every attempt of a call shares. Rows
+    without it (written before it was recorded) keep that place."""
+    requested = T0 - timedelta(seconds=50)
+    add_calls(
+        plan_ledger,
+        10,
+        at=requested,
+        pacer_wait_s=2.0,
+        retry=True,
+        latency_s=5.0,
+        sent_at=requested + timedelta(seconds=42),
+    )
+    add_calls(plan_ledger, 4, at=requested, pacer_wait_s=2.0, latency_s=5.0)  # no sent_at
+    with plan_ledger.connect() as conn:
+        drained = pacer_window.drained_rates(
+            conn, ALIAS, T0, token_class="input", cached_input_counts=False
+        )
+        accepted = pacer_window.accepted_rates(
+            conn,
+            ALIAS,
+            T0 - timedelta(seconds=15),
+            T0,
+            token_class="input",
+            cached_input_counts=False,
+        )
+    # the 10 retries sent 8 s before the tick drain fastest (the 4 sent 48 s before it too:
+    # 14 over 108 s); all 14 at the older place would read 14 over 108 s
+    assert drained.rates[BudgetClass.REQUESTS] == pytest.approx(10 / (60.0 + 8.0))
+    # the retries answered 3 s before the tick; the 4 answered 43 s before, outside the span
+    assert accepted[BudgetClass.REQUESTS] == pytest.approx(10 / 15.0)
+    assert accepted[BudgetClass.TOKENS] == pytest.approx(10 * 1000 / 15.0)
+
+
 def test_the_largest_served_call_is_read_per_token_class(plan_ledger: Engine) -> None:
     """Rule 8's evidence: the largest call the provider served, counted as the alias counts
     them; a 429 proves nothing and a window with nothing served has no evidence."""

@@ -13,6 +13,7 @@ from anthropic.types import TextBlock
 from openai.types.chat import ChatCompletionMessageParam
 from sqlalchemy import Row, select
 
+from ledger.clock import as_utc
 from ledger.models import ApiKey, LlmCall
 from tests.gateway.gw_helpers import Stack, sim_profile
 
@@ -174,3 +175,10 @@ def test_gateway_retries_429_within_its_bounded_wait(make_stack: Callable[..., S
     assert [r.status for r in rows] == [200, 429, 200]
     assert rows[1].limit_type == "tokens"
     assert [r.retry for r in rows] == [False, False, True]  # the gateway's own retry
+    # each attempt records its own send (llm_calls.sent_at): the retry's is after the 429 came
+    # back and its retry-after (at least 1 s) passed, though it shares the call's request
+    assert rows[2].requested_at == rows[1].requested_at
+    sent = [as_utc(r.sent_at).timestamp() for r in rows]
+    for row, at in zip(rows, sent, strict=True):
+        assert at >= as_utc(row.requested_at).timestamp() + row.pacer_wait_s - 1e-3
+    assert sent[2] - sent[1] >= rows[1].latency_s + 1.0 - 1e-3
