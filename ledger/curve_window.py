@@ -11,9 +11,9 @@ a time window:
   attempt's: calls of earlier attempts of a requeued instance are left out).
 
 Task ages are on the task's *own* clock by default (``unthrottled``): the time the instance lost
-to throttling before a request (the ``pacer_wait_s`` of its successful calls, and for every other
-attempt the time until its next request: pacer wait, back-off, retry-after) is subtracted from
-the request's age and from the instance's duration. A curve is the *demand* of a task by age;
+to throttling before a request (its successful calls' time from request to send, and for every
+other attempt the time until its next request: pacer wait, back-off, retry-after) is subtracted
+from the request's age and from the instance's duration. A curve is the *demand* of a task by age;
 fitted from wall-clock ages of a paced run it would show the pacer's throughput instead (tasks
 stretched by waiting ask less per second), and a planner sizing on it would over-launch.
 
@@ -22,7 +22,8 @@ instance's duration is not known yet, and ``aborted``/``lost`` ones did not end 
 both would bias survival. Instances that started before ``since`` or ended after ``until`` are
 left out for the same reason (their calls at some ages would be missing). ``FitWindow.dropped``
 says how many of each were left out. A call without ``task_age_s`` gets ``requested_at`` minus
-its instance's ``started_at`` (the claim time: boot included, so a slight over-estimate).
+its instance's ``running_at`` (the harness's start), or on rows written before that was
+recorded its ``started_at`` (the claim time: boot included, so a slight over-estimate).
 
 Kept apart from the stored curves (``ledger.curves``): it is the refit's read of what the
 gateway and the queue wrote (``llm_calls``, ``instance_results``), reshaped with pandas for the
@@ -132,8 +133,10 @@ def load_fit_window(
             LlmCall.output_tokens,
             LlmCall.status,
             LlmCall.pacer_wait_s,
+            LlmCall.sent_at,
             InstanceResult.state,
             InstanceResult.started_at,
+            InstanceResult.running_at,
             InstanceResult.finished_at,
         )
         .join(Run, Run.id == LlmCall.run_id)
@@ -145,6 +148,7 @@ def load_fit_window(
             ),
         )
         .where(harness_match)
+        .order_by(LlmCall.id)  # a call's attempts share its request time: keep their order
     )
     if since is not None:
         query = query.where(LlmCall.requested_at >= since)
@@ -173,8 +177,10 @@ _ROW_COLUMNS = [
     "output_tokens",
     "status",
     "pacer_wait_s",
+    "sent_at",
     "state",
     "started_at",
+    "running_at",
     "finished_at",
 ]
 
@@ -183,8 +189,11 @@ def _throttle_before(df: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
     """Per row (sorted by instance, then request time): seconds the instance had lost to
     throttling before this request; and per instance, the total lost.
 
-    A 200 lost its ``pacer_wait_s``; any other attempt lost the time until the instance's next
-    request (pacer wait, back-off and retry-after: an agent's calls are sequential)."""
+    A 200 lost the time from its request to its send (``sent_at``: the pacer wait, and when
+    the gateway retried it, the attempts before and their retry-afters; on rows without it,
+    ``pacer_wait_s``); any other attempt lost the time until the instance's next request
+    (pacer wait, back-off and retry-after: an agent's calls are sequential; none when the
+    gateway retried it, its retry sharing its request)."""
     ids = df["instance_id"].to_numpy()
     req = df["req_s"].to_numpy()
     same_next = np.zeros(ids.size, dtype=bool)
@@ -193,6 +202,8 @@ def _throttle_before(df: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
     gap_next[:-1] = req[1:] - req[:-1]
     ok = df["status"].to_numpy() == 200
     wait = np.nan_to_num(pd.to_numeric(df["pacer_wait_s"]).to_numpy(dtype=np.float64))
+    to_send = df["sent_s"].to_numpy() - req
+    wait = np.where(np.isfinite(to_send), to_send, wait)
     lost = np.where(ok, wait, np.where(same_next, gap_next, 0.0))
     lost = np.maximum(lost, 0.0)
     total = pd.Series(lost, index=df.index).groupby(df["instance_id"]).cumsum().to_numpy()
@@ -229,7 +240,10 @@ def _window_from_rows(
 
     df["instance_id"] = df["run_id"].astype(str) + "/" + df["instance"].astype(str)
     df["req_s"] = _seconds(df["requested_at"])
-    started = _seconds(df["started_at"])
+    df["sent_s"] = _seconds(df["sent_at"])
+    # the harness's start; rows before it was recorded have only the claim (boot included)
+    running = _seconds(df["running_at"])
+    started = np.where(np.isfinite(running), running, _seconds(df["started_at"]))
     age = pd.to_numeric(df["task_age_s"], errors="coerce").to_numpy(dtype=np.float64)
     age = np.where(np.isfinite(age), age, df["req_s"].to_numpy() - started)
     df["age"] = np.maximum(age, 0.0)

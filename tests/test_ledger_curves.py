@@ -77,7 +77,13 @@ def _run(engine: Engine, run_id: str, harness: str = "toy") -> None:
 
 
 def _instance(
-    engine: Engine, run_id: str, iid: str, state: str, start_s: float, end_s: float | None
+    engine: Engine,
+    run_id: str,
+    iid: str,
+    state: str,
+    start_s: float,
+    end_s: float | None,
+    running_s: float | None = None,
 ) -> None:
     with engine.begin() as conn:
         conn.execute(
@@ -86,6 +92,7 @@ def _instance(
                 instance_id=iid,
                 state=state,
                 started_at=T0 + timedelta(seconds=start_s),
+                running_at=None if running_s is None else T0 + timedelta(seconds=running_s),
                 finished_at=None if end_s is None else T0 + timedelta(seconds=end_s),
             )
         )
@@ -102,6 +109,7 @@ def _call(
     tokens: int = 100,
     wait: float = 0.0,
     harness: str | None = "toy",
+    sent_s: float | None = None,
 ) -> None:
     with engine.begin() as conn:
         conn.execute(
@@ -111,6 +119,7 @@ def _call(
                 alias="a",
                 harness=harness,
                 requested_at=T0 + timedelta(seconds=at_s),
+                sent_at=None if sent_s is None else T0 + timedelta(seconds=sent_s),
                 task_age_s=age_s,
                 input_tokens=tokens if status == 200 else 0,
                 cached_input_tokens=0,
@@ -140,6 +149,30 @@ def test_ages_are_on_the_tasks_own_clock_pacer_waits_and_429s_removed(engine: En
     raw = load_fit_window(engine, "toy", unthrottled=False)
     assert raw.calls["t_request_s"].tolist() == pytest.approx([0.0, 50.0])
     assert raw.instances["wall_time_s"].tolist() == pytest.approx([80.0])
+
+
+def test_a_gateway_retry_loses_its_retry_after_and_ages_fall_back_to_the_harness_start(
+    engine: Engine,
+) -> None:
+    """The gateway retried call 1 itself: both attempts share the call's request (t=100), the
+    first sent after a 2 s pacer wait and rejected, the second sent 21 s later (``sent_at``),
+    after a 20 s retry-after. The task lost 23 s before call 2, not the 2 s of the pacer wait
+    the attempts' ``pacer_wait_s`` say. A call without an age is aged from the harness's start
+    (``running_at``, t=95), not from the claim (t=90) that counts the boot."""
+    _run(engine, "r1")
+    _instance(engine, "r1", "i1", "resolved", 90.0, 180.0, running_s=100.0)
+    _call(engine, "r1", "i1", 100.0, 0.0, status=429, wait=2.0, sent_s=102.0)
+    _call(engine, "r1", "i1", 100.0, 0.0, wait=2.0, sent_s=123.0)
+    _call(engine, "r1", "i1", 150.0, 50.0, sent_s=150.0)
+    _instance(engine, "r1", "i2", "resolved", 90.0, 200.0, running_s=95.0)
+    _call(engine, "r1", "i2", 105.0, None)
+    window = load_fit_window(engine, "toy")
+    ages = window.calls.groupby("instance_id")["t_request_s"].apply(list).to_dict()
+    assert ages["r1/i1"] == pytest.approx([0.0, 50.0 - 23.0])
+    assert ages["r1/i2"] == pytest.approx([105.0 - 95.0])
+    walls = dict(zip(window.instances.instance_id, window.instances.wall_time_s, strict=True))
+    assert walls == pytest.approx({"r1/i1": 80.0 - 23.0, "r1/i2": 105.0})
+    assert window.throttle_s == pytest.approx(23.0)
 
 
 def test_only_naturally_ended_instances_inside_the_window_count(engine: Engine) -> None:
