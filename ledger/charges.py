@@ -9,7 +9,8 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
   into what counts either way (uncached input, plus output for a combined limit) and cache
   reads; or of the served retries alone (a span's calls sent at times the ledger does not keep).
 * ``calls_sent_between``: the same calls one by one, with when each was sent upstream
-  (``llm_calls.sent_at``, or on older rows its request plus its pacer wait), for the dip of a reading (``planner.cache_counting.dip_window``).
+  (``llm_calls.sent_at``, or on older rows its request plus its pacer wait), for the dip of a
+  reading (``planner.cache_counting.dip_window``).
 * ``throttled_bucket``: the first token 429 of the latest storm, as a reading of the counted
   token bucket (empty, at the 429).
 * ``stated_complete_before``: that word alone (``tasks.plan_settle``).

@@ -13,9 +13,9 @@ a time window:
 Task ages are on the task's *own* clock by default (``unthrottled``): the time the instance lost
 to throttling before a request (its successful calls' time from request to send, and for every
 other attempt the time until its next request: pacer wait, back-off, retry-after) is subtracted
-from the request's age and from the instance's duration. A curve is the *demand* of a task by age;
-fitted from wall-clock ages of a paced run it would show the pacer's throughput instead (tasks
-stretched by waiting ask less per second), and a planner sizing on it would over-launch.
+from the request's age and from the instance's duration. A curve is the *demand* of a task by
+age; fitted from wall-clock ages of a paced run it would show the pacer's throughput instead
+(tasks stretched by waiting ask less per second), and a planner sizing on it would over-launch.
 
 Only instances that ended naturally (``resolved``, ``unresolved``, ``error``) count: a running
 instance's duration is not known yet, and ``aborted``/``lost`` ones did not end on their own;

@@ -140,8 +140,8 @@ class LlmCall(Base):
     harness: Mapped[str | None] = mapped_column(String(64))
     requested_at: Mapped[datetime] = mapped_column()
     #: when this attempt went upstream (a retry's is after its predecessor's ``retry-after``);
-    #: NULL for an attempt never sent and on rows written before it was recorded, which the
-    #: planner's reads place at ``requested_at`` plus ``pacer_wait_s``
+    #: NULL on rows written before it was recorded, which the planner's reads place at
+    #: ``requested_at`` plus ``pacer_wait_s``
     sent_at: Mapped[datetime | None] = mapped_column()
     task_age_s: Mapped[float | None] = mapped_column(Float)
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -57,9 +57,9 @@ __all__ = [
 ]
 
 #: how long before a span a call may have been requested and still be sent (or answered)
-#: within it: the longest pacer wait (plus the gateway's retries and latency) read for. A call missed for it sits at the
-#: far end of the drain's lookback, where it weighs least; a cooldown's accepted rate misses a
-#: call that took this long only if it was answered in the cooldown
+#: within it: the longest pacer wait (plus the gateway's retries, and latency) read for. A call
+#: missed for it sits at the far end of the drain's lookback, where it weighs least; a
+#: cooldown's accepted rate misses a call that took this long only if it was answered in it
 SEND_SLACK_S = 300.0
 
 _RATE_TYPES = {

@@ -4,9 +4,9 @@ An attempt's row kept only its call's ``requested_at`` and ``pacer_wait_s``, the
 attempt, so the planner's reads placed a retry the gateway sent after a 429's ``retry-after`` at
 its first attempt's send: the drained rates (``ledger.pacer_window.drained_rates``) counted it
 that wait early and a cooldown's accepted rate (``accepted_rates``) took its answer for that
-wait early too. The gateway knows each attempt's send; it now records it. NULL on an attempt
-never sent upstream (the pacer refused it) and on rows written before, which the reads place at
-the request plus the pacer wait, as before.
+wait early too. The gateway knows each attempt's send; it now records it (it records only
+attempts it sent). NULL on rows written before, which the reads place at the request plus the
+pacer wait, as before.
 
 Revision ID: 0009
 Revises: 0008
