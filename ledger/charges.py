@@ -7,7 +7,8 @@ the two readings the cache-counting inference (``planner.cache_counting``) compa
   a time has been answered and recorded: a span of requests ending by then is complete.
 * ``sent_between``: the tokens of the calls the provider accepted, requested in a span, split
   into what counts either way (uncached input, plus output for a combined limit) and cache
-  reads; or of the served retries alone (a span's calls sent at times the ledger does not keep).
+  reads; or of the served retries alone whose send the ledger does not keep (rows written
+  before ``llm_calls.sent_at``).
 * ``calls_sent_between``: the same calls one by one, with when each was sent upstream
   (``llm_calls.sent_at``, or on older rows its request plus its pacer wait), for the dip of a
   reading (``planner.cache_counting.dip_window``).
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, Connection, func, select
+from sqlalchemy import ColumnElement, Connection, func, or_, select
 
 from ledger.clock import as_utc
 from ledger.models import (
@@ -130,19 +131,19 @@ def sent_between(
     end: datetime,
     token_class: TokenClass,
     *,
-    retries_only: bool = False,
+    unplaced_retries: bool = False,
 ) -> tuple[float, float]:
     """(base, cache reads) of the accepted calls of ``alias`` requested in [start, end);
-    ``retries_only``: of the served retries alone (their last attempts went out after waits the
-    ledger does not keep, at times unknown)."""
+    ``unplaced_retries``: of the served retries alone whose send the ledger does not keep
+    (rows written before ``llm_calls.sent_at``: they went out after waits unknown)."""
     conditions = [
         LlmCall.alias == alias,
         LlmCall.status.in_(SERVED_STATUSES),
         LlmCall.requested_at >= start,
         LlmCall.requested_at < end,
     ]
-    if retries_only:
-        conditions.append(LlmCall.retry.is_(True))
+    if unplaced_retries:
+        conditions.extend((LlmCall.retry.is_(True), LlmCall.sent_at.is_(None)))
     row = conn.execute(
         select(
             func.coalesce(func.sum(_counted_base(token_class)), 0),
@@ -164,11 +165,12 @@ def _counted_base(token_class: TokenClass) -> ColumnElement[int]:
 def calls_sent_between(
     conn: Connection, alias: str, start: datetime, end: datetime, token_class: TokenClass
 ) -> list[tuple[float, float, float]]:
-    """(sent at, base, cache reads) of the accepted first attempts of ``alias`` requested in
-    [start, end); sent at: epoch seconds (``pacer_window.sent_epoch``). A served retry is left
-    out: rows written before ``llm_calls.sent_at`` do not say when it went out, and the span's
-    retries are weighed apart (``sent_between``'s ``retries_only``); what is sent is then
-    under-stated, which can only keep the belief that cache reads count."""
+    """(sent at, base, cache reads) of the accepted attempts of ``alias`` requested in
+    [start, end) whose send the ledger keeps; sent at: epoch seconds
+    (``pacer_window.sent_epoch``). A served retry written before ``llm_calls.sent_at`` is left
+    out: its row does not say when it went out, after the 429s and waits before it (a span
+    weighs such retries apart: ``sent_between``'s ``unplaced_retries``). Leaving it out
+    under-states what was sent, which can only keep the belief that cache reads count."""
     rows = conn.execute(
         select(
             LlmCall.requested_at,
@@ -179,7 +181,7 @@ def calls_sent_between(
         ).where(
             LlmCall.alias == alias,
             LlmCall.status.in_(SERVED_STATUSES),
-            LlmCall.retry.is_(False),
+            or_(LlmCall.retry.is_(False), LlmCall.sent_at.is_not(None)),
             LlmCall.requested_at >= start,
             LlmCall.requested_at < end,
         )

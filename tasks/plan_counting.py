@@ -290,7 +290,7 @@ def _throttle_window(
         return None
     since, until = _utc(_sent_at(start) - RETRY_LOOKBACK_S), _utc(end)
     sent = calls_sent_between(conn, alias, since, until, token_class)
-    retries = sent_between(conn, alias, since, until, token_class, retries_only=True)
+    retries = sent_between(conn, alias, since, until, token_class, unplaced_retries=True)
     return throttle_window(start, throttled, sent, retries)
 
 

@@ -85,7 +85,13 @@ def _throttled(
 
 
 def _send(
-    eng: Engine, at: datetime, n: int, uncached: int, cached: int, retry: bool = False
+    eng: Engine,
+    at: datetime,
+    n: int,
+    uncached: int,
+    cached: int,
+    retry: bool = False,
+    sent_at: datetime | None = None,
 ) -> None:
     with eng.begin() as conn:
         conn.execute(
@@ -94,6 +100,7 @@ def _send(
                 {
                     "alias": ALIAS,
                     "requested_at": at,
+                    "sent_at": sent_at,
                     "input_tokens": uncached + cached,
                     "cached_input_tokens": cached,
                     "output_tokens": 100,
@@ -193,6 +200,28 @@ def test_served_retries_near_a_429_count_as_sent_in_its_span(
     assert counting["throttle_judged_at"] is not None
     plan.plan_tick(T0 + timedelta(seconds=30), False)
     assert _belief(plan_ledger)[0] is (retries == 1)
+
+
+@pytest.mark.parametrize("sent_in_span", [True, False])
+def test_served_retries_whose_send_is_recorded_count_where_they_were_sent(
+    plan_ledger: Engine, sent_in_span: bool
+) -> None:
+    """Deep in a storm, 40 served retries: where the ledger keeps their send
+    (``llm_calls.sent_at``), they count in the 429's span only if they were sent in it. Sent
+    in it, they explain the empty bucket, and the 429 says nothing; sent before the bucket
+    was read full, they are in its reading, and the 429 says cache reads count, as it does
+    with no retries at all (where their send is unknown, the test above)."""
+    add_run(plan_ledger, running=5, queued=30, alias=ALIAS)
+    _full_bucket(plan_ledger, T0 - timedelta(seconds=1))
+    plan.plan_tick(T0, False)
+    _send(plan_ledger, T0 + timedelta(seconds=1), 39, 5_000, 45_000)
+    sent = T0 + timedelta(seconds=5) if sent_in_span else T0 - timedelta(seconds=30)
+    _send(plan_ledger, T0 - timedelta(seconds=100), 40, 5_000, 45_000, retry=True, sent_at=sent)
+    _throttled(plan_ledger, T0 + timedelta(seconds=12), complete_before=T0 + timedelta(seconds=13))
+    plan.plan_tick(T0 + timedelta(seconds=15), False)
+    counts, counting = _belief(plan_ledger)
+    assert counts is (not sent_in_span) and counting is not None
+    assert counting["throttle_judged_at"] is not None
 
 
 def test_the_gateway_keeps_a_storms_first_429_through_the_storm_and_later_successes(
