@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -115,6 +116,7 @@ class Simulation:
         tick_s: float = 15.0,
         max_time_s: float = 30 * 86_400.0,
         stall_s: float = 1800.0,
+        on_throttle: Callable[[float, LimitType | None], None] | None = None,
     ) -> None:
         self.w = workload
         self.policy = policy
@@ -123,10 +125,13 @@ class Simulation:
         self.tick_s = tick_s
         self.max_time_s = max_time_s
         self.stall_s = stall_s
+        # told the limit each 429 truly hit (``sim.trace``: what the policy could not know)
+        self.on_throttle = on_throttle
 
     def run(self) -> RunStats:
         w, policy, provider, gate = self.w, self.policy, self.provider, self.policy.gate
         style, reads_headers = self.style, self.policy.reads_headers
+        on_throttle = self.on_throttle
         n = w.n_instances
         starts = w.start.tolist()
         boot = w.boot.tolist()
@@ -186,6 +191,8 @@ class Simulation:
                 push(t + latency[call], RESPONSE, call)
                 return
             stats.http_429 += 1
+            if on_throttle is not None:
+                on_throttle(t, adm.limit)
             retry = retry_after(style, adm)
             if gate is not None:
                 gate.release(t, call, False)

@@ -26,6 +26,7 @@ from gateway.send_log import JUDGE_EVERY_S
 from planner.budgets import (
     BudgetClass,
     Budgets,
+    ControllerActions,
     ControllerConfig,
     TokenClass,
     WindowObservation,
@@ -147,6 +148,7 @@ class PlannerPolicy:
         self._throttles: list[tuple[LimitType, float | None]] = []
         self._answered = 0
         self.decisions: list[Decision] = []
+        self.last_actions: ControllerActions | None = None  # the latest tick's
         self.overdrive = OverdriveConfig()
         self.overdrive_factor = 1.0
         # (response time, call) of the provider's successes over the last cooldown
@@ -450,6 +452,7 @@ class PlannerPolicy:
         self._throttles.clear()
         self._answered = 0
         self.state, actions = step(self.state, obs, self.controller)
+        self.last_actions = actions  # read by sim.trace
         self._update_progress()
         self._hold_overdrive(now, usage)
         self._push_budgets(now)

@@ -10,7 +10,8 @@ import click
 
 @click.group(name="bench")
 def bench() -> None:
-    """Benchmarks: queue, planner, gateway, dispatch; compare judges a planner change."""
+    """Benchmarks: queue, planner, gateway, dispatch; compare judges a planner change, trace
+    explains one scenario's run."""
 
 
 def register(root: click.Group) -> None:
