@@ -14,8 +14,8 @@ same result row) and keeps, per tick:
   ``Simulation.on_throttle``).
 
 ``PlannerTrace.phases`` splits the run where the queue emptied: the binding limit's mean use
-while work was queued and in the tail after it, the two places a run loses its time
-(docs/bench-planner.md). Nothing here changes what the planner does: the recording reads its
+while work was queued and in the tail after it, and the seconds of it each left unused, the two
+places a run loses its time (docs/bench-planner.md). Nothing here changes what the planner does: the recording reads its
 state after each tick.
 """
 
@@ -93,6 +93,12 @@ class Phase:
     end_s: float
     used: float | None  # None: no tick fell in it, or no binding limit
 
+    @property
+    def lost_s(self) -> float | None:
+        """Seconds of the binding limit left unused: the stretch x (1 - used). The two
+        phases' sum is about the makespan less the lower bound, where that limit binds."""
+        return None if self.used is None else (self.end_s - self.start_s) * (1.0 - self.used)
+
 
 @dataclass(frozen=True)
 class PlannerTrace:
@@ -127,7 +133,13 @@ class PlannerTrace:
             "result": self.result,
             "binding_limit": self.binding_limit,
             "phases": [
-                {"name": p.name, "start_s": p.start_s, "end_s": p.end_s, "used": p.used}
+                {
+                    "name": p.name,
+                    "start_s": p.start_s,
+                    "end_s": p.end_s,
+                    "used": p.used,
+                    "lost_s": p.lost_s,
+                }
                 for p in self.phases()
             ],
             "ticks": [k.as_json() for k in self.ticks],

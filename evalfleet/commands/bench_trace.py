@@ -81,7 +81,11 @@ def format_trace(trace: PlannerTrace, every: int, notes: bool) -> str:
         "  "
         + "; ".join(
             f"{p.name} {p.start_s:.0f}-{p.end_s:.0f} s: "
-            + (f"{trace.binding_limit} used {p.used:.2f}" if p.used is not None else "no ticks")
+            + (
+                f"{trace.binding_limit} used {p.used:.2f}, {p.lost_s:.0f} s of it lost"
+                if p.used is not None and p.lost_s is not None
+                else "no ticks"
+            )
             for p in phases
         )
     )

@@ -101,6 +101,13 @@ def test_the_phases_split_where_the_queue_empties() -> None:
     assert trace.binding_limit == "requests"
     assert queued.used is not None and tail.used is not None
     assert queued.used > tail.used  # the tail's last tasks cannot fill the limit alone
+    # what the two left unused is what the run took over its lower bound (within the
+    # one-minute bucket's start and the windows' granularity)
+    assert queued.lost_s is not None and tail.lost_s is not None
+    over = trace.result["makespan_s"] - trace.result["lower_bound_s"]
+    assert queued.lost_s + tail.lost_s == pytest.approx(
+        over, abs=0.05 * trace.result["lower_bound_s"]
+    )
 
 
 def test_the_command_prints_the_ticks_and_json(tmp_path: Path) -> None:
