@@ -102,11 +102,13 @@ class Phase:
 
 @dataclass(frozen=True)
 class PlannerTrace:
-    """The planner's run: its result row (``sim.metrics.summarise``), the binding limit of the
-    lower bound, and every tick."""
+    """The planner's run: its result row (``sim.metrics.summarise``), the term that sets the
+    lower bound (a limit class, ``task_cap`` or ``longest_instance``), the limit class that
+    sets it (None: a cap or the longest instance does), and every tick."""
 
     scenario: str
     result: dict[str, Any]
+    bound_by: str
     binding_limit: str | None
     ticks: list[TickTrace] = field(default_factory=list)
 
@@ -131,6 +133,7 @@ class PlannerTrace:
         return {
             "scenario": self.scenario,
             "result": self.result,
+            "bound_by": self.bound_by,
             "binding_limit": self.binding_limit,
             "phases": [
                 {
@@ -233,5 +236,8 @@ def trace_planner(scenario: Scenario, *, tick_s: float = 15.0) -> PlannerTrace:
         tick_s=tick_s,
         on_throttle=policy.throttled,
     ).run()
-    binding = bound.binding_class.value if bound.binding_class is not None else None
-    return PlannerTrace(scenario.name, summarise(stats, scenario, bound), binding, policy.trace)
+    bound_by = max(bound.terms, key=lambda term: bound.terms[term])
+    binding = bound_by if bound_by not in ("task_cap", "longest_instance") else None
+    return PlannerTrace(
+        scenario.name, summarise(stats, scenario, bound), bound_by, binding, policy.trace
+    )

@@ -22,7 +22,7 @@ from evalfleet.errors import ConfigError
 
 if TYPE_CHECKING:
     from sim.scenario import Scenario
-    from sim.trace import PlannerTrace, TickTrace
+    from sim.trace import Phase, PlannerTrace, TickTrace
 
 _CLASSES = ("requests", "tokens", "input_tokens", "output_tokens")
 _BUDGET_OF = {
@@ -63,6 +63,15 @@ def _row(tick: TickTrace, classes: list[str]) -> list[str]:
     ]
 
 
+def _phase_text(trace: PlannerTrace, phase: Phase) -> str:
+    span = f"{phase.name} {phase.start_s:.0f}-{phase.end_s:.0f} s: "
+    if trace.binding_limit is None:
+        return span + f"the lower bound is the {trace.bound_by.replace('_', ' ')}, not a limit"
+    if phase.used is None or phase.lost_s is None:
+        return span + "no ticks"
+    return span + f"{trace.binding_limit} used {phase.used:.2f}, {phase.lost_s:.0f} s of it lost"
+
+
 def format_trace(trace: PlannerTrace, every: int, notes: bool) -> str:
     """The summary, the phases and the ticks chosen by ``every`` as aligned text."""
     result = trace.result
@@ -73,22 +82,10 @@ def format_trace(trace: PlannerTrace, every: int, notes: bool) -> str:
         head = f"makespan {_num(result['makespan_s'])} s, ratio {result['ratio']}"
     lines = [
         f"{trace.scenario} (planner): {head}, lower bound {_num(result['lower_bound_s'])} s "
-        f"(binding {trace.binding_limit or 'a task cap or the longest instance'}); "
+        f"(set by {trace.bound_by}); "
         f"{result['http_429']} 429s in {result['calls']:,} calls"
     ]
-    phases = trace.phases()
-    lines.append(
-        "  "
-        + "; ".join(
-            f"{p.name} {p.start_s:.0f}-{p.end_s:.0f} s: "
-            + (
-                f"{trace.binding_limit} used {p.used:.2f}, {p.lost_s:.0f} s of it lost"
-                if p.used is not None and p.lost_s is not None
-                else "no ticks"
-            )
-            for p in phases
-        )
-    )
+    lines.append("  " + "; ".join(_phase_text(trace, phase) for phase in trace.phases()))
     names = "/".join(c.replace("_tokens", "").replace("requests", "req") for c in classes)
     header = [
         "t",

@@ -98,7 +98,7 @@ def test_the_phases_split_where_the_queue_empties() -> None:
     emptied = next(k.t for k in trace.ticks if k.queued == 0)
     assert (queued.start_s, queued.end_s) == (0.0, emptied)
     assert (tail.start_s, tail.end_s) == (emptied, trace.result["makespan_s"])
-    assert trace.binding_limit == "requests"
+    assert trace.bound_by == trace.binding_limit == "requests"
     assert queued.used is not None and tail.used is not None
     assert queued.used > tail.used  # the tail's last tasks cannot fill the limit alone
     # what the two left unused is what the run took over its lower bound (within the
@@ -108,6 +108,20 @@ def test_the_phases_split_where_the_queue_empties() -> None:
     assert queued.lost_s + tail.lost_s == pytest.approx(
         over, abs=0.05 * trace.result["lower_bound_s"]
     )
+
+
+def test_a_run_no_limit_bounds_has_no_phase_loss() -> None:
+    """Limits far above what 20 tasks draw: the longest instance sets the lower bound, and the
+    limits' use says nothing of where the run lost time."""
+    doc = parametric(
+        name="roomy",
+        instances=20,
+        provider={"rpm": 100_000, "input_tpm": 600_000_000, "headers": "anthropic"},
+    )
+    trace = trace_planner(parse_scenario(doc, "roomy"))
+    assert trace.bound_by == "longest_instance" and trace.binding_limit is None
+    assert all(phase.used is None and phase.lost_s is None for phase in trace.phases())
+    assert trace.result["binding_limit"] == "requests"  # the row names the tightest class
 
 
 def test_the_command_prints_the_ticks_and_json(tmp_path: Path) -> None:
