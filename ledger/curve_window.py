@@ -189,9 +189,9 @@ def _throttle_before(df: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
     """Per row (sorted by instance, then request time): seconds the instance had lost to
     throttling before this request; and per instance, the total lost.
 
-    A 200 lost the time from its request to its send (``sent_at``: the pacer wait, and when
-    the gateway retried it, the attempts before and their retry-afters; on rows without it,
-    ``pacer_wait_s``); any other attempt lost the time until the instance's next request
+    A 200 lost the time from its request to its send (``sent_at``: the pacer wait, the
+    gateway's own checks before it, and when the gateway retried it, the attempts before and
+    their retry-afters; on rows without it, ``pacer_wait_s``); any other attempt lost the time until the instance's next request
     (pacer wait, back-off and retry-after: an agent's calls are sequential; none when the
     gateway retried it, its retry sharing its request)."""
     ids = df["instance_id"].to_numpy()
