@@ -101,6 +101,13 @@ class RunStats:
     consumed: dict[str, float] = field(default_factory=dict)
     fleet_s: float = 0.0
     stalled_at: float | None = None
+    # per instance (the workload's order): when it was launched and finished (nan: it was
+    # not), and the seconds its calls were held at the policy's gate and waited after 429s;
+    # finished - launched = its unthrottled duration (``Workload.durations``) + the two
+    launched_at: list[float] = field(default_factory=list)
+    finished_at: list[float] = field(default_factory=list)
+    paced_s: list[float] = field(default_factory=list)
+    throttled_s: list[float] = field(default_factory=list)
 
 
 class Simulation:
@@ -151,7 +158,13 @@ class Simulation:
         booting = 0
         next_inst = 0
         ceiling = 0
-        stats = RunStats()
+        stats = RunStats(
+            launched_at=[math.nan] * n,
+            finished_at=[math.nan] * n,
+            paced_s=[0.0] * n,
+            throttled_s=[0.0] * n,
+        )
+        paced_s, throttled_s = stats.paced_s, stats.throttled_s
         heap: list[tuple[float, int, int, int]] = []
         seq = 0
         wake_at = math.inf
@@ -172,6 +185,7 @@ class Simulation:
             nonlocal next_inst, booting
             while next_inst < n and len(running) + booting < ceiling:
                 booting += 1
+                stats.launched_at[next_inst] = t
                 push(t + boot[next_inst], START, next_inst)
                 next_inst += 1
             stats.peak_fleet = max(stats.peak_fleet, len(running) + booting)
@@ -194,13 +208,15 @@ class Simulation:
             if on_throttle is not None:
                 on_throttle(t, adm.limit)
             retry = retry_after(style, adm)
+            delay = DEFAULT_RETRY_S if retry is None else retry
+            throttled_s[inst_of_call[call]] += delay
             if gate is not None:
                 gate.release(t, call, False)
             if reads_headers:
                 policy.on_response(t, call, describe_429(style, provider, t, adm))
             else:
                 policy.on_response(t, call, _BARE_429)
-            push(t + (DEFAULT_RETRY_S if retry is None else retry), REQUEST, call)
+            push(t + delay, REQUEST, call)
 
         def schedule_wake(t: float) -> None:
             nonlocal wake_at
@@ -214,7 +230,9 @@ class Simulation:
         def admit_from_gate(t: float) -> None:
             assert gate is not None
             for call in gate.admit_ready(t):
-                stats.pacer_wait_s += t - offered_at.pop(call)
+                wait = t - offered_at.pop(call)
+                stats.pacer_wait_s += wait
+                paced_s[inst_of_call[call]] += wait
                 send(t, call)
             schedule_wake(t)
 
@@ -279,6 +297,7 @@ class Simulation:
                 del running[who]
                 remaining -= 1
                 stats.finished += 1
+                stats.finished_at[who] = t
                 stats.makespan_s = t
                 launch(t)
             else:  # TICK

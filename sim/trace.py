@@ -15,18 +15,23 @@ same result row) and keeps, per tick:
 
 ``PlannerTrace.phases`` splits the run where the queue emptied: the binding limit's mean use
 while work was queued and in the tail after it, and the seconds of it each left unused, the two
-places a run loses its time (docs/bench-planner.md). Nothing here changes what the planner does: the recording reads its
-state after each tick.
+places a run loses its time (docs/bench-planner.md). ``PlannerTrace.ends_on`` is the instance
+the run ended on: when it was launched, how long it runs unthrottled, and the seconds the pacer
+and 429s added to it. Its launch plus its unthrottled duration is as soon as the run could have
+ended once that instance was launched when it was, so a tail splits into what the launch order
+decided (no policy without a forecast of durations can move it) and what the waits added.
+Nothing here changes what the planner does: the recording reads its state after each tick.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from planner.classify import Classification, LimitType
-from sim.engine import FleetView, Simulation
+from sim.engine import FleetView, RunStats, Simulation
 from sim.limits import ProviderLimits
 from sim.metrics import limit_spec, lower_bound, summarise
 from sim.planner_policy import PlannerPolicy
@@ -34,7 +39,7 @@ from sim.reveal import headers_now
 from sim.scenario import Scenario
 from sim.workload import Workload, build_workload
 
-__all__ = ["Phase", "PlannerTrace", "TickTrace", "trace_planner"]
+__all__ = ["EndsOn", "Phase", "PlannerTrace", "TickTrace", "trace_planner"]
 
 _LIMIT_CLASSES = (
     LimitType.REQUESTS,
@@ -100,17 +105,54 @@ class Phase:
         return None if self.used is None else (self.end_s - self.start_s) * (1.0 - self.used)
 
 
+@dataclass(frozen=True, slots=True)
+class EndsOn:
+    """The instance the run ended on (the last to finish), and what made it end when it did.
+
+    ``finished_s - launched_s`` is its unthrottled duration (boot included) plus the seconds
+    its calls were held at the pacer and waited after 429s (the simulator's own accounting)."""
+
+    instance: int  # its index in the workload (the order instances are launched in)
+    instances: int
+    longer: int  # how many instances run longer unthrottled (0: it is the longest)
+    launched_s: float
+    finished_s: float
+    duration_s: float  # unthrottled, boot included
+    paced_s: float
+    throttled_s: float
+
+    @property
+    def soonest_s(self) -> float:
+        """When the run could have ended at the soonest, this instance launched when it was."""
+        return self.launched_s + self.duration_s
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "instances": self.instances,
+            "longer": self.longer,
+            "launched_s": self.launched_s,
+            "finished_s": self.finished_s,
+            "duration_s": self.duration_s,
+            "paced_s": self.paced_s,
+            "throttled_s": self.throttled_s,
+            "soonest_s": self.soonest_s,
+        }
+
+
 @dataclass(frozen=True)
 class PlannerTrace:
     """The planner's run: its result row (``sim.metrics.summarise``), the term that sets the
     lower bound (a limit class, ``task_cap`` or ``longest_instance``), the limit class that
-    sets it (None: a cap or the longest instance does), and every tick."""
+    sets it (None: a cap or the longest instance does), every tick, and the instance the run
+    ended on (None: it stalled)."""
 
     scenario: str
     result: dict[str, Any]
     bound_by: str
     binding_limit: str | None
     ticks: list[TickTrace] = field(default_factory=list)
+    ends_on: EndsOn | None = None
 
     def phases(self) -> tuple[Phase, Phase]:
         """While work was queued (to the first tick with the queue empty) and the tail."""
@@ -145,6 +187,7 @@ class PlannerTrace:
                 }
                 for p in self.phases()
             ],
+            "ends_on": self.ends_on.as_json() if self.ends_on is not None else None,
             "ticks": [k.as_json() for k in self.ticks],
         }
 
@@ -239,5 +282,29 @@ def trace_planner(scenario: Scenario, *, tick_s: float = 15.0) -> PlannerTrace:
     bound_by = max(bound.terms, key=lambda term: bound.terms[term])
     binding = bound_by if bound_by not in ("task_cap", "longest_instance") else None
     return PlannerTrace(
-        scenario.name, summarise(stats, scenario, bound), bound_by, binding, policy.trace
+        scenario.name,
+        summarise(stats, scenario, bound),
+        bound_by,
+        binding,
+        policy.trace,
+        _ends_on(stats, workload),
+    )
+
+
+def _ends_on(stats: RunStats, workload: Workload) -> EndsOn | None:
+    """The last instance to finish, or None when some never did (a stalled run)."""
+    finished = stats.finished_at
+    if not finished or any(math.isnan(t) for t in finished):
+        return None
+    last = max(range(len(finished)), key=finished.__getitem__)
+    durations = workload.durations()
+    return EndsOn(
+        instance=last,
+        instances=len(finished),
+        longer=int((durations > durations[last]).sum()),
+        launched_s=stats.launched_at[last],
+        finished_s=finished[last],
+        duration_s=float(durations[last]),
+        paced_s=stats.paced_s[last],
+        throttled_s=stats.throttled_s[last],
     )

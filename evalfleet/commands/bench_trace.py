@@ -7,7 +7,8 @@ was told them and as they truly were. Exactly one of ``--scenario FILE``, ``--ra
 ``--wide SEED`` (one scenario of ``sim.generate`` / ``sim.generate_wide``: the seed a
 ``bench planner --random`` batch names it by). ``--every N`` prints every Nth tick, and every
 tick with a 429 or a new binding constraint; ``--notes`` adds the controller's notes under
-each printed tick; ``--json`` prints one object with the result row, the phases and every tick.
+each printed tick; ``--json`` prints one object with the result row, the phases, the
+instance the run ended on and every tick.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from evalfleet.errors import ConfigError
 
 if TYPE_CHECKING:
     from sim.scenario import Scenario
-    from sim.trace import Phase, PlannerTrace, TickTrace
+    from sim.trace import EndsOn, Phase, PlannerTrace, TickTrace
 
 _CLASSES = ("requests", "tokens", "input_tokens", "output_tokens")
 _BUDGET_OF = {
@@ -72,6 +73,20 @@ def _phase_text(trace: PlannerTrace, phase: Phase) -> str:
     return span + f"{trace.binding_limit} used {phase.used:.2f}, {phase.lost_s:.0f} s of it lost"
 
 
+def _ends_on_text(last: EndsOn) -> str:
+    rank = (
+        f"the longest of {last.instances}"
+        if last.longer == 0
+        else f"{last.longer} of {last.instances} run longer"
+    )
+    return (
+        f"ends on instance {last.instance} ({last.duration_s:.0f} s unthrottled, boot "
+        f"included; {rank}), launched at "
+        f"{last.launched_s:.0f} s: it could end no sooner than {last.soonest_s:.0f} s; "
+        f"the pacer held it {last.paced_s:.0f} s and 429s {last.throttled_s:.0f} s"
+    )
+
+
 def format_trace(trace: PlannerTrace, every: int, notes: bool) -> str:
     """The summary, the phases and the ticks chosen by ``every`` as aligned text."""
     result = trace.result
@@ -86,6 +101,8 @@ def format_trace(trace: PlannerTrace, every: int, notes: bool) -> str:
         f"{result['http_429']} 429s in {result['calls']:,} calls"
     ]
     lines.append("  " + "; ".join(_phase_text(trace, phase) for phase in trace.phases()))
+    if trace.ends_on is not None:
+        lines.append("  " + _ends_on_text(trace.ends_on))
     names = "/".join(c.replace("_tokens", "").replace("requests", "req") for c in classes)
     header = [
         "t",

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.bench import run_policy
-from sim.metrics import lower_bound
+from sim.bench import make_policy, run_policy
+from sim.engine import Simulation
+from sim.limits import ProviderLimits
+from sim.metrics import limit_spec, lower_bound
 from sim.scenario import parse_scenario
 from sim.trace import trace_planner
 from sim.workload import build_workload
@@ -124,6 +126,60 @@ def test_a_run_no_limit_bounds_has_no_phase_loss() -> None:
     assert trace.result["binding_limit"] == "requests"  # the row names the tightest class
 
 
+@pytest.mark.parametrize("policy", ["planner", "fixed:60"])
+def test_each_instance_ends_its_unthrottled_duration_and_its_waits_after_its_launch(
+    policy: str,
+) -> None:
+    """The simulator's per-instance accounting: what the pacer held and what 429s made wait
+    is all that stands between an instance's launch plus its unthrottled duration and its
+    end. The planner's gate holds calls; the fixed fleet has none and retries after 429s."""
+    scenario = parse_scenario(_OVER_SEED, "over-seed")
+    workload = build_workload(scenario)
+    spec, changes = limit_spec(scenario)
+    provider = ProviderLimits(spec, changes)
+    stats = Simulation(
+        workload, make_policy(policy, scenario, workload, provider), provider, "none"
+    ).run()
+    durations = workload.durations()
+    for i in range(workload.n_instances):
+        took = stats.finished_at[i] - stats.launched_at[i]
+        waits = stats.paced_s[i] + stats.throttled_s[i]
+        assert took == pytest.approx(durations[i] + waits, abs=1e-6), i
+    assert max(stats.finished_at) == stats.makespan_s
+    assert sum(stats.paced_s) == pytest.approx(stats.pacer_wait_s)
+    if policy == "planner":
+        assert stats.pacer_wait_s > 0
+    else:
+        assert stats.pacer_wait_s == 0 and stats.http_429 > 0
+        # a header-less 429 is retried after the clients' default 15 s
+        assert sum(stats.throttled_s) == pytest.approx(15.0 * stats.http_429)
+
+
+def test_the_trace_names_the_instance_the_run_ends_on() -> None:
+    # far-off limits: nothing holds an instance, and the run ends on the one whose launch
+    # plus its duration is latest
+    roomy = parametric(
+        name="roomy",
+        instances=20,
+        provider={"rpm": 100_000, "input_tpm": 600_000_000, "headers": "anthropic"},
+    )
+    last = trace_planner(parse_scenario(roomy, "roomy")).ends_on
+    assert last is not None
+    assert last.paced_s == last.throttled_s == 0.0
+    assert last.finished_s == pytest.approx(last.soonest_s)
+    # the over-seed run holds its calls to the request limit: the pacer's hold is what the
+    # run ended later than the instance's launch and duration allowed
+    trace = trace_planner(parse_scenario(_OVER_SEED, "over-seed"))
+    last = trace.ends_on
+    assert last is not None
+    assert last.finished_s == pytest.approx(trace.result["makespan_s"], abs=0.05)
+    assert last.paced_s > 0
+    assert last.finished_s == pytest.approx(last.soonest_s + last.paced_s + last.throttled_s)
+    durations = build_workload(parse_scenario(_OVER_SEED, "over-seed")).durations()
+    assert last.duration_s == pytest.approx(durations[last.instance])
+    assert last.longer == int((durations > durations[last.instance]).sum())
+
+
 def test_the_command_prints_the_ticks_and_json(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text(json.dumps(_OVER_SEED))
@@ -132,8 +188,10 @@ def test_the_command_prints_the_ticks_and_json(tmp_path: Path) -> None:
     lines = out.splitlines()
     assert lines[0].startswith("over-seed (planner): makespan ")
     assert lines[1].lstrip().startswith("queued 0-")
-    assert "429s told -> hit" in lines[2]
-    assert any("unknown:" in line and "-> requests:" in line for line in lines[3:])
+    assert lines[2].lstrip().startswith("ends on instance ")
+    assert "could end no sooner than" in lines[2] and "the pacer held it" in lines[2]
+    assert "429s told -> hit" in lines[3]
+    assert any("unknown:" in line and "-> requests:" in line for line in lines[4:])
     assert any(line.startswith("      requests: ") for line in lines)  # a controller note
     code, out = _cli(["bench", "trace", "--scenario", str(path), "--seed", "5", "--json"])
     assert code == 0, out
@@ -141,6 +199,8 @@ def test_the_command_prints_the_ticks_and_json(tmp_path: Path) -> None:
     assert doc["scenario"] == "over-seed@5"
     assert [p["name"] for p in doc["phases"]] == ["queued", "tail"]
     assert len(doc["ticks"]) == doc["result"]["ticks"]
+    assert doc["ends_on"]["finished_s"] == pytest.approx(doc["result"]["makespan_s"], abs=0.05)
+    assert doc["ends_on"]["soonest_s"] <= doc["ends_on"]["finished_s"]
     assert {"t", "budgets", "limits", "used", "seen", "hit", "notes"} <= set(doc["ticks"][0])
 
 
