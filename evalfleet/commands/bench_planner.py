@@ -19,16 +19,15 @@ files are a clear error, not a traceback.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
 
+from evalfleet.commands.processes import spawned_map
 from evalfleet.errors import ConfigError
 from evalfleet.settings import PROJECT_ROOT
 from sim.metrics import COLUMNS
@@ -84,23 +83,11 @@ def _results(
     loaded: list[Scenario], names: list[str] | None, jobs: int
 ) -> Iterator[ScenarioResult]:
     """Each scenario's result, in the order given; with ``jobs`` > 1 simulated in that many
-    processes at once (spawned: nothing of this process's state is shared)."""
-    from sim.bench import run_scenario
-
-    if jobs <= 1 or len(loaded) <= 1:
-        for scenario in loaded:
-            yield run_scenario(scenario, names)
-        return
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(loaded)), mp_context=context)
-    try:
-        for out in pool.map(_simulate, [(scenario, names) for scenario in loaded]):
-            if isinstance(out, tuple):
-                raise ConfigError(*out)
-            yield out
-    finally:
-        # on an error or Ctrl-C the scenarios not started yet are dropped; running ones finish
-        pool.shutdown(wait=True, cancel_futures=True)
+    processes at once (``spawned_map``)."""
+    for out in spawned_map(_simulate, [(scenario, names) for scenario in loaded], jobs):
+        if isinstance(out, tuple):
+            raise ConfigError(*out)
+        yield out
 
 
 def _cell(value: Any) -> str:

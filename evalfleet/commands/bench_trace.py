@@ -9,21 +9,29 @@ was told them and as they truly were. Exactly one of ``--scenario FILE``, ``--ra
 tick with a 429 or a new binding constraint; ``--notes`` adds the controller's notes under
 each printed tick; ``--json`` prints one object with the result row, the phases, the
 instance the run ended on and every tick.
+
+``--count N`` traces N generated scenarios from the seed given (``--random`` or ``--wide``),
+``--jobs`` at once, and prints one line per run instead of ticks (``sim.trace_summary``): where
+it lost its time, and the instance it ended on; then the batch's tally. ``--baselines FILE``
+(``bench planner --json`` output with every policy, repeatable) judges each run against them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from evalfleet.commands.processes import spawned_map
 from evalfleet.errors import ConfigError
 
 if TYPE_CHECKING:
     from sim.scenario import Scenario
     from sim.trace import EndsOn, Phase, PlannerTrace, TickTrace
+    from sim.trace_summary import BatchTally, TraceRow
 
 _CLASSES = ("requests", "tokens", "input_tokens", "output_tokens")
 _BUDGET_OF = {
@@ -134,6 +142,96 @@ def format_trace(trace: PlannerTrace, every: int, notes: bool) -> str:
     return "\n".join(lines)
 
 
+_ROW_HEAD = (
+    f"{'scenario':<14} {'ratio':>6} {'429s':>5} {'bound by':<16} {'queued':>7} {'tail':>7} "
+    f"{'tail':>7} {'last:':>6} {'launched':>8} {'soonest':>7} {'held':>11}  verdict\n"
+    f"{'':<14} {'':>6} {'':>5} {'':<16} {'lost s':>7} {'s':>7} {'lost s':>7} {'longer':>6} "
+    f"{'before':>8} {'/bound':>7} {'pacer+429':>11}"
+)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _row_text(row: TraceRow) -> str:
+    verdict = "" if row.missed is None else ("met" if not row.missed else "; ".join(row.missed))
+    held = (
+        "-"
+        if row.paced_s is None or row.throttled_s is None
+        else f"{row.paced_s:.0f}+{row.throttled_s:.0f}"
+    )
+    soonest = "-" if row.soonest_over_bound is None else f"{row.soonest_over_bound:.3f}"
+    ratio = "-" if row.ratio is None else f"{row.ratio:.3f}"
+    return (
+        f"{row.scenario:<14} {ratio:>6} {row.http_429:>5} {row.bound_by:<16} "
+        f"{_seconds(row.queued_lost_s):>7} {row.tail_s:>7.0f} {_seconds(row.tail_lost_s):>7} "
+        f"{'-' if row.longer is None else row.longer:>6} "
+        f"{_seconds(row.launched_before_empty_s):>8} {soonest:>7} {held:>11}  {verdict}"
+    ).rstrip()
+
+
+def _tally_text(label: str, t: BatchTally) -> str:
+    from sim.targets import MAX_RATIO
+    from sim.trace_summary import NEAR_EMPTY_S, TOP
+
+    held = "-" if t.median_held_s is None else f"{t.median_held_s:.0f} s"
+    return (
+        f"{label}: {t.runs} runs. The tail lost more than the queued phase in "
+        f"{t.tail_loses_more}. The run ended on the longest instance in {t.ends_on_longest}, "
+        f"on one of the {TOP} longest in {t.ends_on_top}; that instance was launched within "
+        f"{NEAR_EMPTY_S:.0f} s of the queue emptying in {t.launched_near_empty}, and its "
+        f"launch plus its unthrottled duration alone is over {MAX_RATIO:.2f}x the lower bound "
+        f"in {t.soonest_over_ratio}. The pacer and 429s held it {held} (median)."
+    )
+
+
+def _trace_one(job: tuple[Scenario, Mapping[str, Any] | None]) -> TraceRow:
+    """One scenario traced, in short (in a worker process of ``--jobs``)."""
+    from sim.trace import trace_planner
+    from sim.trace_summary import trace_row
+
+    scenario, baselines = job
+    return trace_row(trace_planner(scenario), baselines)
+
+
+def _batch(
+    scenarios: list[Scenario], baseline_files: tuple[Path, ...], jobs: int, as_json: bool
+) -> None:
+    from sim.compare import read_results
+    from sim.trace_summary import tally
+
+    baselines = read_results(baseline_files) if baseline_files else None
+    jobs_in = [(s, baselines.get(s.name) if baselines is not None else None) for s in scenarios]
+    if not as_json:
+        click.echo(_ROW_HEAD)
+    rows = []
+    for row in spawned_map(_trace_one, jobs_in, jobs):
+        rows.append(row)
+        click.echo(json.dumps(row.as_json()) if as_json else _row_text(row))
+    missed = [r for r in rows if r.missed]
+    judged = [r for r in rows if r.missed is not None]
+    if as_json:
+        summary = {
+            "tally": tally(rows).as_json(),
+            "judged": len(judged),
+            "met": len(judged) - len(missed),
+            "tally_missed": tally(missed).as_json() if judged else None,
+        }
+        click.echo(json.dumps(summary))
+        return
+    click.echo()
+    click.echo(_tally_text("all", tally(rows)))
+    if baselines is not None:
+        unjudged = len(rows) - len(judged)
+        click.echo(
+            f"met every target: {len(judged) - len(missed)} of {len(judged)} judged"
+            + (f" ({unjudged} not in --baselines)" if unjudged else "")
+        )
+        if missed:
+            click.echo(_tally_text("missed", tally(missed)))
+
+
 def _scenario(file: Path | None, random_seed: int | None, wide_seed: int | None) -> Scenario:
     from sim.generate import random_scenario
     from sim.generate_wide import wide_scenario
@@ -179,24 +277,52 @@ def _scenario(file: Path | None, random_seed: int | None, wide_seed: int | None)
 @click.option(
     "--every",
     type=click.IntRange(1, 10_000),
-    default=20,
-    show_default=True,
-    help="Print every Nth tick (and every tick with a 429 or a new binding constraint).",
+    help="Print every Nth tick (and every tick with a 429 or a new binding constraint). "
+    "[default: 20]",
 )
 @click.option("--notes", is_flag=True, help="The controller's notes under each printed tick.")
+@click.option(
+    "--count",
+    type=click.IntRange(1, 100_000),
+    help="Trace N generated scenarios from the --random or --wide seed: one line per run.",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="With --count: trace up to N scenarios at once, one process each.",
+)
+@click.option(
+    "--baselines",
+    "baseline_files",
+    multiple=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="With --count: `bench planner --json` output with every policy, to judge each run "
+    "by (repeatable).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with every tick.")
 def bench_trace(
     file: Path | None,
     random_seed: int | None,
     wide_seed: int | None,
     seed: int | None,
-    every: int,
+    every: int | None,
     notes: bool,
+    count: int | None,
+    jobs: int,
+    baseline_files: tuple[Path, ...],
     as_json: bool,
 ) -> None:
     """Trace the planner on one simulated scenario: why it met or missed its targets."""
     from sim.trace import trace_planner
 
+    if count is not None:
+        _check_batch(file, every, notes)
+        _batch(_generated(random_seed, wide_seed, count), baseline_files, jobs, as_json)
+        return
+    if baseline_files or jobs != 1:
+        raise ConfigError("bench trace", ["--jobs and --baselines apply with --count only"])
     scenario = _scenario(file, random_seed, wide_seed)
     if seed is not None:
         if file is None:
@@ -206,7 +332,31 @@ def bench_trace(
     if as_json:
         click.echo(json.dumps(trace.as_json()))
     else:
-        click.echo(format_trace(trace, every, notes))
+        click.echo(format_trace(trace, every or 20, notes))
+
+
+def _check_batch(file: Path | None, every: int | None, notes: bool) -> None:
+    problems = []
+    if file is not None:
+        problems.append("--count applies to --random SEED or --wide SEED, not --scenario")
+    if every is not None or notes:
+        problems.append("--every and --notes print one run's ticks, not with --count")
+    if problems:
+        raise ConfigError("bench trace", problems)
+
+
+def _generated(random_seed: int | None, wide_seed: int | None, count: int) -> list[Scenario]:
+    from sim.generate import random_scenario
+    from sim.generate_wide import wide_scenario
+
+    if (random_seed is None) == (wide_seed is None):
+        raise ConfigError(
+            "bench trace", ["--count needs exactly one of --random SEED, --wide SEED"]
+        )
+    if random_seed is not None:
+        return [random_scenario(s) for s in range(random_seed, random_seed + count)]
+    assert wide_seed is not None
+    return [wide_scenario(s) for s in range(wide_seed, wide_seed + count)]
 
 
 def register(root: click.Group) -> None:
