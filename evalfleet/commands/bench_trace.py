@@ -177,8 +177,8 @@ def _tally_text(label: str, t: BatchTally) -> str:
 
     held = "-" if t.median_held_s is None else f"{t.median_held_s:.0f} s"
     return (
-        f"{label}: {t.runs} runs. The tail lost more than the queued phase in "
-        f"{t.tail_loses_more}. The run ended on the longest instance in {t.ends_on_longest}, "
+        f"{label}: {t.runs} run{'' if t.runs == 1 else 's'}. The tail lost more than the "
+        f"queued phase in {t.tail_loses_more}. The run ended on the longest instance in {t.ends_on_longest}, "
         f"on one of the {TOP} longest in {t.ends_on_top}; that instance was launched within "
         f"{NEAR_EMPTY_S:.0f} s of the queue emptying in {t.launched_near_empty}, and its "
         f"launch plus its unthrottled duration alone is over {MAX_RATIO:.2f}x the lower bound "

@@ -138,7 +138,7 @@ def test_the_command_traces_a_batch_and_judges_it(tmp_path: Path) -> None:
     )
     assert any(line.startswith("all: 2 runs.") for line in text)
     assert "met every target: 0 of 1 judged (1 not in --baselines)" in text
-    assert any(line.startswith("missed: 1 runs.") for line in text)
+    assert any(line.startswith("missed: 1 run. ") for line in text)
 
 
 @pytest.mark.parametrize(
