@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from planner.classify import Classification, LimitType
@@ -127,17 +127,7 @@ class EndsOn:
         return self.launched_s + self.duration_s
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "instance": self.instance,
-            "instances": self.instances,
-            "longer": self.longer,
-            "launched_s": self.launched_s,
-            "finished_s": self.finished_s,
-            "duration_s": self.duration_s,
-            "paced_s": self.paced_s,
-            "throttled_s": self.throttled_s,
-            "soonest_s": self.soonest_s,
-        }
+        return {**asdict(self), "soonest_s": self.soonest_s}
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sim.targets import MAX_RATIO, violations
@@ -50,21 +50,7 @@ class TraceRow:
     missed: tuple[str, ...] | None = None  # the targets missed; None: not judged
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "scenario": self.scenario,
-            "ratio": self.ratio,
-            "http_429": self.http_429,
-            "bound_by": self.bound_by,
-            "queued_lost_s": self.queued_lost_s,
-            "tail_s": self.tail_s,
-            "tail_lost_s": self.tail_lost_s,
-            "longer": self.longer,
-            "launched_before_empty_s": self.launched_before_empty_s,
-            "soonest_over_bound": self.soonest_over_bound,
-            "paced_s": self.paced_s,
-            "throttled_s": self.throttled_s,
-            "missed": list(self.missed) if self.missed is not None else None,
-        }
+        return asdict(self)
 
 
 def trace_row(
@@ -109,15 +95,7 @@ class BatchTally:
     median_held_s: float | None  # the pacer's and 429s' seconds on the last instance
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "runs": self.runs,
-            "tail_loses_more": self.tail_loses_more,
-            "ends_on_longest": self.ends_on_longest,
-            "ends_on_top": self.ends_on_top,
-            "launched_near_empty": self.launched_near_empty,
-            "soonest_over_ratio": self.soonest_over_ratio,
-            "median_held_s": self.median_held_s,
-        }
+        return asdict(self)
 
 
 def tally(rows: Sequence[TraceRow]) -> BatchTally:

@@ -178,8 +178,9 @@ def _tally_text(label: str, t: BatchTally) -> str:
     held = "-" if t.median_held_s is None else f"{t.median_held_s:.0f} s"
     return (
         f"{label}: {t.runs} run{'' if t.runs == 1 else 's'}. The tail lost more than the "
-        f"queued phase in {t.tail_loses_more}. The run ended on the longest instance in {t.ends_on_longest}, "
-        f"on one of the {TOP} longest in {t.ends_on_top}; that instance was launched within "
+        f"queued phase in {t.tail_loses_more}. The run ended on the longest instance in "
+        f"{t.ends_on_longest}, on one of the {TOP} longest in {t.ends_on_top}; that instance "
+        f"was launched within "
         f"{NEAR_EMPTY_S:.0f} s of the queue emptying in {t.launched_near_empty}, and its "
         f"launch plus its unthrottled duration alone is over {MAX_RATIO:.2f}x the lower bound "
         f"in {t.soonest_over_ratio}. The pacer and 429s held it {held} (median)."
@@ -301,7 +302,12 @@ def _scenario(file: Path | None, random_seed: int | None, wide_seed: int | None)
     help="With --count: `bench planner --json` output with every policy, to judge each run "
     "by (repeatable).",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object with every tick.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object with every tick (with --count: one per run, then the tally).",
+)
 def bench_trace(
     file: Path | None,
     random_seed: int | None,
