@@ -1,10 +1,12 @@
 """Helpers shared by the simulator's tests: the project root, a small parametric scenario
-document to vary, and the planner's run (its policy and result row) under a given
-controller, or with its budgets recorded (``simulate_planner``). Import with
-``from tests.sim.sim_support import ...``."""
+document to vary, the planner's run (its policy and result row) under a given controller, or
+with its budgets recorded (``simulate_planner``), and the ``evalfleet`` command run in-process
+(``run_cli``). Import with ``from tests.sim.sim_support import ...``."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,17 @@ from sim.scenario import Scenario
 from sim.workload import build_workload
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(args: list[str]) -> tuple[int, str]:
+    """``evalfleet ARGS`` in this process: its exit code, and its stdout then its stderr."""
+    from evalfleet.cli import main
+
+    out = io.StringIO()
+    err = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(args)
+    return code, out.getvalue() + err.getvalue()
 
 
 def planner_and_run(

@@ -4,8 +4,6 @@ scenario or a call that can never fit a limit. Split from ``test_sim.py``."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
@@ -15,23 +13,13 @@ from evalfleet.errors import ConfigError
 from sim.bench import run_scenario
 from sim.scenario import parse_scenario
 from sim.workload import build_workload
-from tests.sim.sim_support import parametric
-
-
-def _cli(args: list[str]) -> tuple[int, str]:
-    from evalfleet.cli import main
-
-    out = io.StringIO()
-    err = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(args)
-    return code, out.getvalue() + err.getvalue()
+from tests.sim.sim_support import parametric, run_cli
 
 
 def test_command_prints_json_per_scenario(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text(json.dumps(parametric(instances=40)))
-    code, out = _cli(
+    code, out = run_cli(
         [
             "bench",
             "planner",
@@ -63,15 +51,15 @@ def test_command_prints_json_per_scenario(tmp_path: Path) -> None:
 def test_command_refuses_a_bad_scenario_clearly(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("name: x\ninstances: many\n")
-    code, out = _cli(["bench", "planner", "--scenario", str(path)])
+    code, out = run_cli(["bench", "planner", "--scenario", str(path)])
     assert code == 2
     assert "bad.yaml" in out and "instances" in out and "Traceback" not in out
-    code, out = _cli(["bench", "planner", "--scenario", str(path), "--policy", "greedy"])
+    code, out = run_cli(["bench", "planner", "--scenario", str(path), "--policy", "greedy"])
     assert code == 2 and "greedy" in out
 
 
 def test_decision_speed_command() -> None:
-    code, out = _cli(["bench", "planner", "--decision-speed", "--json"])
+    code, out = run_cli(["bench", "planner", "--decision-speed", "--json"])
     assert code == 0
     figures = json.loads(out.strip().splitlines()[-1])["decision_speed"]
     assert figures["live_tasks"] == 10_000 and figures["median_ms"] > 0
@@ -81,7 +69,7 @@ def test_command_prints_a_target_verdict_under_each_table(tmp_path: Path) -> Non
     path = tmp_path / "s.json"
     path.write_text(json.dumps(parametric(instances=40)))
     # fixed:1 is so slow that the planner beats it; a planner-only run has nothing to lose to
-    code, out = _cli(
+    code, out = run_cli(
         ["bench", "planner", "--scenario", str(path), "--policy", "planner", "--policy", "fixed:1"]
     )
     assert code == 0
@@ -95,7 +83,7 @@ def test_command_prints_a_target_verdict_under_each_table(tmp_path: Path) -> Non
 
 
 def test_command_runs_random_unseen_scenarios() -> None:
-    code, out = _cli(["bench", "planner", "--random", "1", "--random-from", "3", "--json"])
+    code, out = run_cli(["bench", "planner", "--random", "1", "--random-from", "3", "--json"])
     assert code == 0
     doc = json.loads(out.strip().splitlines()[-1])
     assert doc["scenario"] == "random-3"
@@ -106,14 +94,14 @@ def test_command_runs_scenario_files_at_other_seeds(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text(json.dumps(parametric(instances=30)))
     args = ["bench", "planner", "--scenario", str(path), "--policy", "fixed:4", "--json"]
-    code, out = _cli([*args, "--seed", "5", "--seed", "6"])
+    code, out = run_cli([*args, "--seed", "5", "--seed", "6"])
     assert code == 0
     docs = [json.loads(line) for line in out.strip().splitlines()]
     name = parametric()["name"]
     assert [d["scenario"] for d in docs] == [f"{name}@5", f"{name}@6"]
     makespans = [d["results"]["fixed:4"]["makespan_s"] for d in docs]
     assert makespans[0] != makespans[1]  # other instances, not the same run twice
-    code, again = _cli([*args, "--seed", "5"])
+    code, again = run_cli([*args, "--seed", "5"])
     assert json.loads(again.strip().splitlines()[-1]) == docs[0]  # a seed is reproducible
 
 
@@ -127,7 +115,7 @@ def test_a_call_that_can_never_fit_a_limit_is_a_clear_error(tmp_path: Path) -> N
         run_scenario(scenario)
     path = tmp_path / "tight.json"
     path.write_text(json.dumps(doc))
-    code, out = _cli(["bench", "planner", "--scenario", str(path)])
+    code, out = run_cli(["bench", "planner", "--scenario", str(path)])
     assert code == 2
     assert "output_tpm" in out and "never be admitted" in out and "Traceback" not in out
     # with room for its largest call the same scenario runs
@@ -144,7 +132,7 @@ def test_random_scenarios_leave_room_for_their_largest_call() -> None:
 
 
 def test_command_runs_wide_unseen_scenarios() -> None:
-    code, out = _cli(
+    code, out = run_cli(
         ["bench", "planner", "--wide", "1", "--random-from", "2", "--policy", "planner", "--json"]
     )
     assert code == 0
@@ -187,15 +175,15 @@ def test_jobs_give_the_same_tables_in_the_same_order(tmp_path: Path) -> None:
     path.write_text(json.dumps(parametric(instances=30)))
     args = ["bench", "planner", "--scenario", str(path), "--policy", "planner"]
     args += ["--policy", "fixed:4", "--seed", "7", "--seed", "5", "--seed", "6"]
-    code, serial = _cli([*args, "--json"])
+    code, serial = run_cli([*args, "--json"])
     assert code == 0
-    code, parallel = _cli([*args, "--json", "--jobs", "2"])
+    code, parallel = run_cli([*args, "--json", "--jobs", "2"])
     assert code == 0
     assert parallel == serial
     name = parametric()["name"]
     docs = [json.loads(line) for line in parallel.strip().splitlines()]
     assert [d["scenario"] for d in docs] == [f"{name}@7", f"{name}@5", f"{name}@6"]
-    code, table = _cli([*args, "--jobs", "3"])
+    code, table = run_cli([*args, "--jobs", "3"])
     assert code == 0
     verdicts = [line for line in table.splitlines() if line.strip().startswith("targets:")]
     assert len(verdicts) == 3
@@ -210,7 +198,7 @@ def test_jobs_report_a_scenario_that_can_never_fit_clearly(tmp_path: Path) -> No
     tight = tmp_path / "tight.json"
     tight.write_text(json.dumps(parametric(provider={"output_tpm": 500})))
     args = ["bench", "planner", "--scenario", str(good), "--scenario", str(tight)]
-    code, out = _cli([*args, "--policy", "fixed:4", "--jobs", "2", "--json"])
+    code, out = run_cli([*args, "--policy", "fixed:4", "--jobs", "2", "--json"])
     assert code == 2
     assert "output_tpm" in out and "never be admitted" in out and "Traceback" not in out
     assert json.loads(out.splitlines()[0])["scenario"] == parametric()["name"]
@@ -219,5 +207,5 @@ def test_jobs_report_a_scenario_that_can_never_fit_clearly(tmp_path: Path) -> No
 def test_jobs_is_bounded(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text(json.dumps(parametric(instances=30)))
-    code, out = _cli(["bench", "planner", "--scenario", str(path), "--jobs", "0"])
+    code, out = run_cli(["bench", "planner", "--scenario", str(path), "--jobs", "0"])
     assert code == 2 and "--jobs" in out and "Traceback" not in out

@@ -5,8 +5,6 @@ input."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from sim.metrics import limit_spec, lower_bound
 from sim.scenario import parse_scenario
 from sim.trace import trace_planner
 from sim.workload import build_workload
-from tests.sim.sim_support import parametric
+from tests.sim.sim_support import parametric, run_cli
 
 # header-less, the operator's request seed 4x the provider's 2 calls/s: the planner is told
 # only "unknown" and must find the limit by its 429s
@@ -29,15 +27,6 @@ _OVER_SEED = parametric(
     provider={"rpm": 120, "input_tpm": 6_000_000, "headers": "none"},
     alias_config={"calls_per_s": 8, "tokens_per_s": 80_000, "inflight_tokens": 2e6},
 )
-
-
-def _cli(args: list[str]) -> tuple[int, str]:
-    from evalfleet.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        code = main(args)
-    return code, out.getvalue()
 
 
 def test_the_trace_is_the_benchmarks_planner_run() -> None:
@@ -183,7 +172,7 @@ def test_the_trace_names_the_instance_the_run_ends_on() -> None:
 def test_the_command_prints_the_ticks_and_json(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text(json.dumps(_OVER_SEED))
-    code, out = _cli(["bench", "trace", "--scenario", str(path), "--every", "1000", "--notes"])
+    code, out = run_cli(["bench", "trace", "--scenario", str(path), "--every", "1000", "--notes"])
     assert code == 0, out
     lines = out.splitlines()
     assert lines[0].startswith("over-seed (planner): makespan ")
@@ -193,7 +182,7 @@ def test_the_command_prints_the_ticks_and_json(tmp_path: Path) -> None:
     assert "429s told -> hit" in lines[3]
     assert any("unknown:" in line and "-> requests:" in line for line in lines[4:])
     assert any(line.startswith("      requests: ") for line in lines)  # a controller note
-    code, out = _cli(["bench", "trace", "--scenario", str(path), "--seed", "5", "--json"])
+    code, out = run_cli(["bench", "trace", "--scenario", str(path), "--seed", "5", "--json"])
     assert code == 0, out
     doc = json.loads(out)
     assert doc["scenario"] == "over-seed@5"
@@ -205,7 +194,7 @@ def test_the_command_prints_the_ticks_and_json(tmp_path: Path) -> None:
 
 
 def test_the_command_traces_a_generated_scenario_by_its_seed() -> None:
-    code, out = _cli(["bench", "trace", "--random", "3", "--every", "5000"])
+    code, out = run_cli(["bench", "trace", "--random", "3", "--every", "5000"])
     assert code == 0, out
     assert out.startswith("random-3 (planner): ")
 
@@ -221,7 +210,7 @@ def test_the_command_traces_a_generated_scenario_by_its_seed() -> None:
     ],
 )
 def test_bad_input_is_a_clear_error(args: list[str], needle: str) -> None:
-    code, out = _cli(["bench", "trace", *args])
+    code, out = run_cli(["bench", "trace", *args])
     assert code != 0
     assert needle in out
     assert "Traceback" not in out

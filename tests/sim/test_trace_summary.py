@@ -4,8 +4,6 @@ tally, and clear errors for options that do not go together."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -15,18 +13,9 @@ import pytest
 from sim.scenario import parse_scenario
 from sim.trace import trace_planner
 from sim.trace_summary import NEAR_EMPTY_S, TraceRow, tally, trace_row
-from tests.sim.sim_support import parametric
+from tests.sim.sim_support import parametric, run_cli
 
 _LONG = parametric(name="long", instances=120, provider={"rpm": 120, "input_tpm": 6_000_000})
-
-
-def _cli(args: list[str]) -> tuple[int, str]:
-    from evalfleet.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        code = main(args)
-    return code, out.getvalue()
 
 
 def _baseline(makespan_s: float, http_429: int = 0, calls: int = 5_000) -> dict[str, Any]:
@@ -113,7 +102,7 @@ def test_the_tally_counts_each_cause_once_and_skips_what_a_row_lacks() -> None:
 
 
 def test_the_command_traces_a_batch_and_judges_it(tmp_path: Path) -> None:
-    code, out = _cli(["bench", "trace", "--random", "3", "--count", "2", "--json"])
+    code, out = run_cli(["bench", "trace", "--random", "3", "--count", "2", "--json"])
     assert code == 0, out
     lines = [json.loads(line) for line in out.splitlines()]
     assert [line["scenario"] for line in lines[:2]] == ["random-3", "random-4"]
@@ -125,7 +114,7 @@ def test_the_command_traces_a_batch_and_judges_it(tmp_path: Path) -> None:
     base.write_text(
         json.dumps({"scenario": "random-3", "results": {"fixed:9": _baseline(10.0)}}) + "\n"
     )
-    code, out = _cli(
+    code, out = run_cli(
         ["bench", "trace", "--random", "3", "--count", "2", "--jobs", "2", "--baselines", str(base)]
     )
     assert code == 0, out
@@ -154,7 +143,7 @@ def test_the_command_traces_a_batch_and_judges_it(tmp_path: Path) -> None:
     ],
 )
 def test_bad_batch_options_are_a_clear_error(args: list[str], needle: str) -> None:
-    code, out = _cli(["bench", "trace", *args])
+    code, out = run_cli(["bench", "trace", *args])
     assert code != 0
     assert needle in out
     assert "Traceback" not in out
