@@ -189,7 +189,9 @@ class Caps(_Strict):
 
 
 class Timeouts(_Strict):
-    """Wall-clock limits: ``instance_s`` bounds one instance attempt, in seconds."""
+    """Wall-clock limits: ``instance_s`` bounds one attempt's harness stage, in seconds, from
+    when it starts running (boot and evaluation are not counted); past it the attempt lands as
+    ``error`` with ``error_class`` ``instance_timeout`` (``harnesses.base.Deadline``)."""
 
     instance_s: float = Field(default=3600.0, gt=0, le=MAX_INSTANCE_S)
 

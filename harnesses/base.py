@@ -7,17 +7,25 @@ and ``InfrastructureFailure`` when it was not the agent's fault (the instance is
 
 The gateway key travels only inside ``HarnessContext.gateway_key`` (a ``SecretStr``): never in a
 flow parameter, a log line or an exception message.
+
+A run's ``timeouts.instance_s`` reaches the harness as ``HarnessContext.deadline``: every adapter
+bounds each call, sleep and child process by what is left of it, and past it raises
+``HarnessFailed`` with ``error_class`` ``instance_timeout`` (``Deadline.expired``): the attempt is
+scored ``error``, as a harness's own time limit is in SWE-bench practice.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from evalfleet.documents import validate
+from evalfleet.errors import HarnessFailed
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -31,6 +39,46 @@ class AdapterOptions(BaseModel):
 def parse_options(model: type[ModelT], options: dict[str, Any], source: str) -> ModelT:
     """Validate adapter options, or raise ConfigError naming ``source.field``."""
     return validate(model, dict(options), source)
+
+
+#: ``HarnessFailed.error_class`` of a harness stage that ran past the run's ``timeouts.instance_s``.
+INSTANCE_TIMEOUT = "instance_timeout"
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When the harness stage must have ended: ``timeout_s`` after it started, on the
+    monotonic clock (``clock``, a test seam), so a wall-clock step cannot end an instance."""
+
+    timeout_s: float
+    at: float
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+
+    @classmethod
+    def after(cls, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> Deadline:
+        """The deadline ``timeout_s`` seconds from now."""
+        return cls(timeout_s=timeout_s, at=clock() + timeout_s, clock=clock)
+
+    def seconds_left(self) -> float:
+        """Seconds until the deadline (0 or less once it has passed)."""
+        return float(self.at - self.clock())
+
+    def bound(self, seconds: float) -> float:
+        """``seconds``, cut to what is left of the deadline (never below 0)."""
+        return max(0.0, min(seconds, self.seconds_left()))
+
+    def check(self, calls_done: int) -> None:
+        """Raise ``expired`` once the deadline has passed."""
+        if self.seconds_left() <= 0:
+            raise self.expired(calls_done)
+
+    def expired(self, calls_done: int | None = None, detail: str = "") -> HarnessFailed:
+        """The error of a harness stage that ran past the deadline, after ``calls_done`` calls
+        (None: not known, as for a program the harness runs)."""
+        text = f"the harness stage did not end within timeouts.instance_s = {self.timeout_s:g} s"
+        if calls_done is not None:
+            text += f" ({calls_done} call{'' if calls_done == 1 else 's'} done)"
+        return HarnessFailed(INSTANCE_TIMEOUT, f"{text}; {detail}" if detail else text)
 
 
 @dataclass(frozen=True)
@@ -48,6 +96,8 @@ class HarnessContext:
     """Epoch seconds the task started (the gateway's task age); None: the gateway decides."""
     http_client: httpx.Client | None = None
     """Transport seam: tests pass a client bound to an in-process ASGI app."""
+    deadline: Deadline | None = None
+    """When the harness stage must end (the run's ``timeouts.instance_s``); None: unbounded."""
 
     def __repr__(self) -> str:  # never show the key, even masked, in a traceback
         return f"HarnessContext(run_id={self.run_id!r}, instance_id={self.instance_id!r})"

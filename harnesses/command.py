@@ -12,7 +12,9 @@ database URL leaks into it): ``PATH``, ``HOME`` (its private working folder), th
 ``{gateway_url}`` (harness) and ``{patch_path}`` (evaluator). The program writes its result JSON
 to ``EVALFLEET_RESULT_PATH``: the harness ``{"patch": str | null, "calls"?: int, ...tokens}``,
 the evaluator ``{"resolved": bool, "detail"?: str}``. A non-zero exit, a timeout, or a missing or
-malformed result is ``HarnessFailed`` with the tail of the program's stderr.
+malformed result is ``HarnessFailed`` with the tail of the program's stderr. The harness's
+program is killed at ``timeout_s`` or at the run's instance deadline, whichever comes first
+(the latter is ``instance_timeout``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pydantic import Field, ValidationError
 from evalfleet.errors import HarnessFailed
 from harnesses.base import (
     AdapterOptions,
+    Deadline,
     Evaluation,
     HarnessContext,
     HarnessResult,
@@ -64,9 +67,15 @@ class _EvalOutput(AdapterOptions):
 
 
 def _run(
-    options: CommandOptions, placeholders: dict[str, str], env: dict[str, str], workdir: Path
+    options: CommandOptions,
+    placeholders: dict[str, str],
+    env: dict[str, str],
+    workdir: Path,
+    deadline: Deadline | None = None,
 ) -> str:
-    """Run the program; return its result file's text, or raise HarnessFailed."""
+    """Run the program; return its result file's text, or raise HarnessFailed. The program is
+    killed after ``options.timeout_s``, or at ``deadline`` if that comes first
+    (``instance_timeout``)."""
     try:
         argv = [item.format(**placeholders) for item in options.argv]
     except (KeyError, IndexError, ValueError) as exc:
@@ -86,14 +95,17 @@ def _run(
             )
         except OSError as exc:
             raise HarnessFailed("harness_not_started", f"{argv[0]}: {exc.strerror}") from None
+        limit = options.timeout_s if deadline is None else deadline.bound(options.timeout_s)
         try:
-            code = proc.wait(timeout=options.timeout_s)
+            code = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            tail = f"stderr tail: {_tail(stderr_path)}"
+            if deadline is not None and limit < options.timeout_s:
+                raise deadline.expired(detail=f"killed; {tail}") from None
             raise HarnessFailed(
-                "harness_timeout",
-                f"no exit after {options.timeout_s:g}s; stderr tail: {_tail(stderr_path)}",
+                "harness_timeout", f"no exit after {options.timeout_s:g}s; {tail}"
             ) from None
     if code != 0:
         raise HarnessFailed(
@@ -150,7 +162,7 @@ class CommandHarness:
                 "result_path": result_path,
                 "gateway_url": ctx.gateway_url,
             }
-            text = _run(self.options, placeholders, env, workdir)
+            text = _run(self.options, placeholders, env, workdir, ctx.deadline)
         out: _HarnessOutput = _parse(_HarnessOutput, text, "the harness result JSON")
         return HarnessResult(
             patch=out.patch,

@@ -6,10 +6,15 @@ reaches the harness is infrastructure (``InfrastructureFailure``: requeued, neve
 refused key (401/403, e.g. the run was closed) is infrastructure too. Any other 4xx means the
 agent sent something the provider rejects, which is the agent's failure (``HarnessFailed``).
 Error messages carry the status and the provider's short message, never the key.
+
+``GatewayChat`` is one attempt's conversation with the gateway under the run's instance
+deadline (``harnesses.base.Deadline``): each call's timeout and each pause between calls is cut
+to what is left of it, and a call cut short by it is ``instance_timeout``, not a gateway failure.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -87,3 +92,44 @@ def _describe(exc: openai.APIStatusError) -> str:
         if isinstance(error, dict):
             message = str(error.get("message", ""))[:200]
     return f"HTTP {exc.status_code} {message}".strip()
+
+
+class GatewayChat:
+    """One attempt's calls through the gateway, each bounded by the context's deadline."""
+
+    def __init__(self, ctx: HarnessContext, call_timeout_s: float) -> None:
+        self._client = make_client(ctx, call_timeout_s)
+        self._model = ctx.alias
+        self._call_timeout_s = call_timeout_s
+        self._deadline = ctx.deadline
+        self.calls = 0
+        """Calls answered so far."""
+
+    def send(self, messages: list[dict[str, Any]], max_tokens: int) -> CallUsage:
+        """One call (``chat``), waiting at most what is left of the deadline."""
+        deadline = self._deadline
+        client = self._client
+        if deadline is not None:
+            deadline.check(self.calls)
+            client = client.with_options(timeout=deadline.bound(self._call_timeout_s))
+        try:
+            usage = chat(client, self._model, messages, max_tokens)
+        except InfrastructureFailure as exc:
+            if deadline is not None and deadline.seconds_left() <= 0:
+                raise deadline.expired(
+                    self.calls, f"call {self.calls + 1} cut short ({exc.error_class})"
+                ) from None
+            raise
+        self.calls += 1
+        return usage
+
+    def pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` (the agent's tool time), at most until the deadline, past which
+        ``instance_timeout`` is raised."""
+        deadline = self._deadline
+        if deadline is not None:
+            seconds = deadline.bound(seconds)
+        if seconds > 0:
+            time.sleep(seconds)
+        if deadline is not None:
+            deadline.check(self.calls)

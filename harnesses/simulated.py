@@ -21,12 +21,11 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-import time
 
 from pydantic import Field
 
 from harnesses.base import AdapterOptions, HarnessContext, HarnessResult, parse_options
-from harnesses.openai_calls import chat, make_client
+from harnesses.openai_calls import GatewayChat
 
 FIRST_PROMPT_TOKENS = 1_650
 OBSERVATION_TOKENS = 450
@@ -119,12 +118,12 @@ class SimulatedHarness:
 
     def run(self, ctx: HarnessContext) -> HarnessResult:
         o = self.options
-        client = make_client(ctx, o.call_timeout_s)
+        gateway = GatewayChat(ctx, o.call_timeout_s)
         steps = self.planned_calls(ctx.run_id, ctx.instance_id)
         conversation = self.conversation(ctx.instance_id)
         totals = [0, 0, 0]
         for step in range(1, steps + 1):
-            usage = chat(client, ctx.alias, conversation.messages, o.max_tokens)
+            usage = gateway.send(conversation.messages, o.max_tokens)
             totals[0] += usage.input_tokens
             totals[1] += usage.cached_input_tokens
             totals[2] += usage.output_tokens
@@ -132,7 +131,7 @@ class SimulatedHarness:
                 break
             conversation.add_turn(step, usage.text)
             if o.think_s:
-                time.sleep(o.think_s)
+                gateway.pause(o.think_s)
         patch = (
             f"diff --git a/{ctx.instance_id}.py b/{ctx.instance_id}.py\n"
             f"+# simulated fix after {steps} calls\n"

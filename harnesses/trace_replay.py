@@ -19,7 +19,7 @@ from pydantic import Field
 
 from evalfleet.errors import ConfigError
 from harnesses.base import AdapterOptions, HarnessContext, HarnessResult, parse_options
-from harnesses.openai_calls import chat, make_client
+from harnesses.openai_calls import GatewayChat
 from harnesses.simulated import filler
 from sim.traces import DEFAULT_TRACE, load_calls
 
@@ -66,7 +66,7 @@ class TraceReplayHarness:
         o = self.options
         source_id = self.trace_instance(ctx.instance_id)
         calls = _calls_by_instance(o.trace)[source_id]
-        client = make_client(ctx, o.call_timeout_s)
+        gateway = GatewayChat(ctx, o.call_timeout_s)
         messages: list[dict[str, object]] = []
         prompt_tokens = 0
         totals = [0, 0, 0]
@@ -74,7 +74,7 @@ class TraceReplayHarness:
         for row in calls.itertuples(index=False):
             wait = start + max(0.0, float(row.t_request_s)) * o.time_scale - time.monotonic()
             if wait > 0:
-                time.sleep(wait)
+                gateway.pause(wait)
             target = max(1, round(int(row.input_tokens) * o.token_scale))
             if target > prompt_tokens:
                 messages.append(
@@ -82,7 +82,7 @@ class TraceReplayHarness:
                 )
                 prompt_tokens = target
             max_tokens = max(1, round(int(row.output_tokens) * o.token_scale))
-            usage = chat(client, ctx.alias, messages, max_tokens)
+            usage = gateway.send(messages, max_tokens)
             totals[0] += usage.input_tokens
             totals[1] += usage.cached_input_tokens
             totals[2] += usage.output_tokens

@@ -32,7 +32,7 @@ from evalfleet.runconfig import RunConfig
 from evalfleet.settings import get_settings
 from evalfleet.states import InstanceState
 from harnesses import make_evaluator, make_harness
-from harnesses.base import Evaluation, HarnessContext, HarnessResult
+from harnesses.base import Deadline, Evaluation, HarnessContext, HarnessResult
 from ledger import queue
 from ledger.db import write_transaction
 from ledger.models import InstanceResult, LlmCall, Run
@@ -141,8 +141,10 @@ def start_harness(lease: Lease, flow_run_id: str | None) -> None:
 
 
 def run_harness(lease: Lease, cfg: RunConfig, *, http_client: Any = None) -> HarnessResult:
-    """Run the harness stage through the gateway (raises HarnessFailed / InfrastructureFailure)."""
+    """Run the harness stage through the gateway (raises HarnessFailed / InfrastructureFailure),
+    within the run's ``timeouts.instance_s`` from now (``instance_timeout`` past it)."""
     harness = make_harness(cfg.harness.name, cfg.harness.options)
+    deadline = Deadline.after(cfg.timeouts.instance_s)
     ctx = HarnessContext(
         run_id=lease.run_id,
         instance_id=lease.instance_id,
@@ -153,6 +155,7 @@ def run_harness(lease: Lease, cfg: RunConfig, *, http_client: Any = None) -> Har
         harness=cfg.harness.name,
         started_at=time.time(),
         http_client=http_client,
+        deadline=deadline,
     )
     return harness.run(ctx)
 

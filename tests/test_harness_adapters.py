@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from pydantic import SecretStr
 
 from evalfleet.errors import ConfigError, HarnessFailed, InfrastructureFailure
 from harnesses import make_evaluator, make_harness
-from harnesses.base import HarnessContext
+from harnesses.base import INSTANCE_TIMEOUT, Deadline, HarnessContext
 from sim.traces import load_calls
 
 KEY = "gw-test-secret-123456"
@@ -240,3 +242,95 @@ def test_command_evaluator_reads_the_patch_and_the_verdict(tmp_path: Path) -> No
     assert evaluator.evaluate("r", "i1", "good patch").resolved is True
     verdict = evaluator.evaluate("r", "i2", "bad patch")
     assert verdict.resolved is False and verdict.detail == "i2"
+
+
+class StepClock:
+    """A monotonic clock that advances ``step_s`` on every read: a deadline ``n * step_s``
+    away passes after a known number of reads, with no sleeping."""
+
+    def __init__(self, step_s: float) -> None:
+        self.now = 0.0
+        self.step_s = step_s
+
+    def __call__(self) -> float:
+        self.now += self.step_s
+        return self.now
+
+
+def with_deadline(context: HarnessContext, deadline: Deadline) -> HarnessContext:
+    return dataclasses.replace(context, deadline=deadline)
+
+
+def test_simulated_harness_stops_at_the_instance_deadline() -> None:
+    provider = FakeProvider()
+    harness = make_harness("simulated", {"calls_median": 40, "calls_sigma": 0.0, "think_s": 0.0})
+    # the deadline is read once when set, then before each call and after each (zero) pause
+    deadline = Deadline.after(10.0, clock=StepClock(1.0))
+    with pytest.raises(HarnessFailed) as info:
+        harness.run(with_deadline(ctx(provider), deadline))
+    assert info.value.error_class == INSTANCE_TIMEOUT
+    assert "timeouts.instance_s = 10 s" in info.value.detail
+    sent = len(provider.requests)
+    assert 0 < sent < 40
+    assert f"({sent} calls done)" in info.value.detail
+    # without a deadline the same instance makes every planned call
+    provider = FakeProvider()
+    assert harness.run(ctx(provider)).calls == 40 == len(provider.requests)
+
+
+def test_trace_replay_pauses_end_at_the_deadline_not_after_the_recorded_gap() -> None:
+    calls = load_calls()
+    instance = calls.groupby("instance_id").size().idxmax()
+    provider = FakeProvider()
+    harness = make_harness("trace-replay", {"time_scale": 1.0, "token_scale": 0.01})
+    started = time.monotonic()
+    with pytest.raises(HarnessFailed) as info:
+        harness.run(with_deadline(ctx(provider, instance=instance), Deadline.after(0.3)))
+    waited = time.monotonic() - started
+    assert info.value.error_class == INSTANCE_TIMEOUT
+    # the recorded gaps add up to many minutes: the replay stopped at the deadline
+    assert waited < 30.0
+    assert len(provider.requests) < len(calls[calls.instance_id == instance])
+
+
+def test_a_call_cut_short_by_the_deadline_is_a_timeout_not_a_gateway_failure() -> None:
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("no answer", request=request)
+
+    harness = make_harness("simulated", {"calls_median": 3, "think_s": 0.0})
+    context = with_deadline(ctx(FakeProvider()), Deadline.after(0.0))
+    client = httpx.Client(transport=httpx.MockTransport(slow), base_url="http://gw")
+    with pytest.raises(HarnessFailed) as info:
+        harness.run(dataclasses.replace(context, http_client=client))
+    assert info.value.error_class == INSTANCE_TIMEOUT
+    assert "(0 calls done)" in info.value.detail
+    # the same timeout before the deadline is the gateway's failure: requeued, not scored
+    context = with_deadline(ctx(FakeProvider()), Deadline.after(600.0))
+    with pytest.raises(InfrastructureFailure) as failure:
+        harness.run(dataclasses.replace(context, http_client=client))
+    assert failure.value.error_class == "gateway_unreachable"
+
+
+def test_command_harness_is_killed_at_the_instance_deadline(tmp_path: Path) -> None:
+    marker = tmp_path / "still-running"
+    slow = write_program(
+        tmp_path,
+        f"""
+        import pathlib, sys, time
+        print("agent step 1", file=sys.stderr, flush=True)
+        time.sleep(1.5)
+        pathlib.Path({str(marker)!r}).write_text("not killed")
+        """,
+    )
+    harness = make_harness("command", {"argv": slow, "timeout_s": 60})
+    with pytest.raises(HarnessFailed) as info:
+        harness.run(with_deadline(ctx(FakeProvider()), Deadline.after(0.5)))
+    assert info.value.error_class == INSTANCE_TIMEOUT
+    assert "agent step 1" in info.value.detail and KEY not in info.value.detail
+    time.sleep(2.0)  # past the program's own end, had it not been killed
+    assert not marker.exists()
+    # the harness's own timeout_s, when it comes first, keeps its own label
+    with pytest.raises(HarnessFailed) as info:
+        harness = make_harness("command", {"argv": slow, "timeout_s": 0.5})
+        harness.run(with_deadline(ctx(FakeProvider()), Deadline.after(60.0)))
+    assert info.value.error_class == "harness_timeout"

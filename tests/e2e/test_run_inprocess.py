@@ -114,3 +114,31 @@ def test_a_bad_config_writes_nothing(e2e_env: Callable[..., EmbeddedStack]) -> N
         launch_run(config=config(2, harness={"name": "simulated", "options": {"think_s": -1}}))
     with ledger_io.engine().connect() as conn:
         assert conn.execute(select(func.count()).select_from(Run)).scalar_one() == 0
+
+
+def test_an_attempt_past_its_instance_timeout_lands_as_error_and_is_not_retried(
+    e2e_env: Callable[..., EmbeddedStack],
+) -> None:
+    e2e_env()
+    slow = config(2, timeouts={"instance_s": 1.0})
+    # 40 steps with 0.2 s of tool time each: ~8 s unbounded, stopped after ~1 s
+    slow["harness"]["options"].update(calls_median=40, think_s=0.2)
+    run_id = launch_run(config=slow, idempotency_key="e2e-timeout")
+    assert dispatcher_loop(launcher="in-process", until_idle=True, max_passes=600) == 2
+    supervise_once(scale_eval_pool=False)
+    engine = ledger_io.engine()
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                InstanceResult.state,
+                InstanceResult.attempt,
+                InstanceResult.error_class,
+                InstanceResult.error_detail,
+            ).where(InstanceResult.run_id == run_id)
+        ).all()
+        assert conn.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+        assert conn.execute(select(Run.state).where(Run.id == run_id)).scalar_one() == "closed"
+    assert len(rows) == 2
+    for state, attempts, error_class, detail in rows:
+        assert (state, attempts, error_class) == ("error", 1, "instance_timeout")
+        assert "timeouts.instance_s = 1 s" in detail
