@@ -99,7 +99,7 @@ def run_policy(
     provider = ProviderLimits(spec, changes)
     policy = make_policy(name, scenario, workload, provider)
     stats = Simulation(workload, policy, provider, scenario.provider.headers).run()
-    return summarise(stats, scenario, bound)
+    return summarise(stats, scenario, workload, bound)
 
 
 def run_scenario(scenario: Scenario, policies: list[str] | None = None) -> ScenarioResult:

@@ -6,6 +6,12 @@ limit changes (``sim.limits.time_to_serve``); the sum of unthrottled instance du
 included) divided by the binding task cap; the longest instance. It depends only on the
 scenario and its workload, never on a policy. ``summarise`` turns a run's raw stats into the
 columns of the results table (see docs/scenarios.md).
+
+``instance_stretch`` measures what a policy does to single instances: each one's harness stage
+(launch to finish, boot excluded) against its unthrottled length, and how many would have run
+past the scenario's ``instance_timeout_s`` though they fit in it unthrottled: in production
+(``timeouts.instance_s``) those attempts land as ``error``, a wrong result the makespan does
+not show. The simulator does not end them, so every other column is unchanged by it.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ COLUMNS = (
     "utilisation",
     "peak_fleet",
     "ticks",
+    "timeouts",
 )
 
 
@@ -155,12 +162,52 @@ def integrated_limit(scenario: Scenario, cls: LimitType, until_s: float) -> floa
     return total
 
 
-def summarise(stats: RunStats, scenario: Scenario, bound: LowerBound) -> dict[str, Any]:
+@dataclass(frozen=True)
+class InstanceStretch:
+    """Per-instance figures of one run (``None`` when no instance both ran and finished)."""
+
+    timeouts: int
+    """Instances whose harness stage ran past the timeout though it fits in it unthrottled."""
+    stretch_p99: float | None
+    """99th percentile of harness stage / unthrottled harness stage."""
+    stretch_max: float | None
+    """The largest such stretch."""
+
+
+#: Unthrottled stages shorter than this are measured against it (a stretch of a few seconds
+#: held at the pacer means nothing for an instance of no calls).
+MIN_STAGE_S = 10.0
+
+
+def instance_stretch(stats: RunStats, workload: Workload, timeout_s: float) -> InstanceStretch:
+    """The run's per-instance stretch and its instances past ``timeout_s`` (module docstring)."""
+    launched = np.asarray(stats.launched_at, dtype=np.float64)
+    finished = np.asarray(stats.finished_at, dtype=np.float64)
+    if launched.size != workload.n_instances:
+        return InstanceStretch(timeouts=0, stretch_p99=None, stretch_max=None)
+    unthrottled = workload.durations() - workload.boot
+    stage = finished - launched - workload.boot
+    done = np.isfinite(stage)
+    timeouts = int(np.sum(done & (stage > timeout_s) & (unthrottled <= timeout_s)))
+    if not done.any():
+        return InstanceStretch(timeouts=timeouts, stretch_p99=None, stretch_max=None)
+    stretch = stage[done] / np.maximum(unthrottled[done], MIN_STAGE_S)
+    return InstanceStretch(
+        timeouts=timeouts,
+        stretch_p99=round(float(np.percentile(stretch, 99)), 2),
+        stretch_max=round(float(stretch.max()), 2),
+    )
+
+
+def summarise(
+    stats: RunStats, scenario: Scenario, workload: Workload, bound: LowerBound
+) -> dict[str, Any]:
     """The results columns of one policy's run.
 
     A run that stalled (no call admitted for a long time: a retry livelock) has no makespan:
     ``makespan_s``, ``ratio`` and ``utilisation`` are None and ``stalled_at_s`` says when.
     """
+    stretch = instance_stretch(stats, workload, scenario.instance_timeout_s)
     if stats.stalled_at is not None:
         return {
             "makespan_s": None,
@@ -172,9 +219,12 @@ def summarise(stats: RunStats, scenario: Scenario, bound: LowerBound) -> dict[st
             "utilisation": None,
             "peak_fleet": stats.peak_fleet,
             "ticks": stats.ticks,
+            "timeouts": stretch.timeouts,
             "stalled_at_s": round(stats.stalled_at, 1),
             "finished": stats.finished,
             "binding_limit": bound.binding_class.value if bound.binding_class else None,
+            "stretch_p99": stretch.stretch_p99,
+            "stretch_max": stretch.stretch_max,
         }
     util = float("nan")
     if bound.binding_class is not None and math.isfinite(stats.makespan_s):
@@ -192,7 +242,10 @@ def summarise(stats: RunStats, scenario: Scenario, bound: LowerBound) -> dict[st
         "utilisation": round(util, 3) if not np.isnan(util) else None,
         "peak_fleet": stats.peak_fleet,
         "ticks": stats.ticks,
+        "timeouts": stretch.timeouts,
         "mean_fleet": round(stats.fleet_s / stats.makespan_s, 1) if stats.makespan_s else 0.0,
         "pacer_wait_s_per_call": round(stats.pacer_wait_s / stats.calls, 3) if stats.calls else 0,
         "binding_limit": bound.binding_class.value if bound.binding_class else None,
+        "stretch_p99": stretch.stretch_p99,
+        "stretch_max": stretch.stretch_max,
     }

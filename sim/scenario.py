@@ -174,6 +174,7 @@ class Scenario(_Strict):
     provider: Provider
     alias_config: AliasConfig
     caps: Caps = Caps()
+    instance_timeout_s: float = Field(default=3600.0, gt=0, le=604_800)
     policies: list[str] | None = Field(default=None, min_length=1, max_length=20)
 
     @field_validator("policies")

@@ -273,7 +273,7 @@ def trace_planner(scenario: Scenario, *, tick_s: float = 15.0) -> PlannerTrace:
     binding = bound_by if bound_by not in ("task_cap", "longest_instance") else None
     return PlannerTrace(
         scenario.name,
-        summarise(stats, scenario, bound),
+        summarise(stats, scenario, workload, bound),
         bound_by,
         binding,
         policy.trace,

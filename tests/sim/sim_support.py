@@ -50,7 +50,7 @@ def planner_and_run(
 
     def run() -> dict[str, Any]:
         stats = Simulation(workload, policy, provider, style).run()
-        return summarise(stats, scenario, lower_bound(scenario, workload))
+        return summarise(stats, scenario, workload, lower_bound(scenario, workload))
 
     return policy, run
 

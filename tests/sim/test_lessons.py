@@ -149,7 +149,9 @@ def test_unknown_429s_of_a_token_limit_do_not_cut_the_output_budget_to_nothing()
 
         policy.tick = recording_tick  # type: ignore[method-assign]
         stats = Simulation(workload, policy, provider, "none").run()
-        return statistics.median(seen), summarise(stats, scenario, lower_bound(scenario, workload))
+        return statistics.median(seen), summarise(
+            stats, scenario, workload, lower_bound(scenario, workload)
+        )
 
     steady_output, steady_row = run(ControllerConfig())
     naive_output, naive_row = run(ControllerConfig(blame_samples=0))
