@@ -94,6 +94,14 @@ class Settings(BaseSettings):
         "budget may project (bounds planner_token_overdrive for harnesses with short gaps "
         "between calls); at least the 6 s a calls budget may project.",
     )
+    planner_timeout_margin: float = Field(
+        default=0.8,
+        ge=0.1,
+        le=1.0,
+        description="The share of a run's instance timeout (timeouts.instance_s) that the "
+        "harness curve's long tasks may be stretched to by the pacer's holds: the planner sizes "
+        "no fleet whose projected demand would stretch them further (binding instance_timeout).",
+    )
     planner_launch_ramp_floor: int = Field(
         default=100,
         ge=1,

@@ -59,6 +59,8 @@ class Run(Base):
     spend_cap_micro_usd: Mapped[int] = mapped_column(BigInteger)
     priority: Mapped[float] = mapped_column(Float, default=1.0)
     max_attempts: Mapped[int] = mapped_column(Integer)
+    # the config's timeouts.instance_s, which the planner sizes within (NULL: unbounded)
+    instance_timeout_s: Mapped[float | None] = mapped_column(Float)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     config_source: Mapped[str | None] = mapped_column(String(1024))
     idempotency_key: Mapped[str | None] = mapped_column(String(256), unique=True)

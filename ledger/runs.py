@@ -39,6 +39,7 @@ class NewRun:
     state: RunState = RunState.RUNNING
     task_cap: int | None = None
     priority: float = 1.0
+    instance_timeout_s: float | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
     config_source: str | None = None
     idempotency_key: str | None = None
@@ -81,6 +82,7 @@ def create_run(
                 spend_cap_micro_usd=new.spend_cap_micro_usd,
                 priority=new.priority,
                 max_attempts=max_attempts,
+                instance_timeout_s=new.instance_timeout_s,
                 config=dict(new.config),
                 config_source=new.config_source,
                 idempotency_key=new.idempotency_key,

@@ -26,6 +26,9 @@ class Binding(StrEnum):
     run's cap or the static cap is below what the budgets allow. ``inflight_budget`` /
     ``qps_budget`` / ``arrival_budget``: projected in-flight tokens, calls/s or a token class would
     exceed what the pacer may hold back, so that budget stops the fleet short of its target.
+    ``instance_timeout``: the pacer would hold a larger fleet's calls back long enough to
+    stretch the curve's long tasks past the live runs' instance timeout
+    (``planner.sizing.SizingConfig.timeout_margin``), so the fleet stops short of its target.
     ``paced``: the healthy state, the fleet is sized so the binding budget's demand sits a little
     above the budget and the pacer absorbs the excess.
     """
@@ -42,6 +45,7 @@ class Binding(StrEnum):
     STALE_CONFIG = "stale_config"
     NO_WORK = "no_work"
     LAUNCH_RAMP = "launch_ramp"
+    INSTANCE_TIMEOUT = "instance_timeout"
 
 
 class Quantity(StrEnum):

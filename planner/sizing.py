@@ -18,6 +18,10 @@ Owns the planner's core arithmetic (DESIGN.md, Planner steps 1-3 and 5):
   (``qps_budget``, ``arrival_budget``, ``inflight_budget``). A new cohort's first calls, which
   the projection lands together, may go above the bound for a while: the pacer's queue takes
   that transient, and a bound on it held calls-bound fleets under their budget.
+* The instance timeout. With ``FleetState.instance_timeout_s`` (the live runs' shortest
+  ``timeouts.instance_s``) no rate's sustained demand is projected above ``timeout_margin x
+  timeout / tail age`` x its budget (at least 1x): a task stretched by the overdrive would
+  otherwise run past the timeout and land as ``error`` (binding ``instance_timeout``).
 * A launch ramp (``FleetState.ramping``, from ``planner.budget_state.BudgetState.ramping``):
   until the provider has answered, or while its headers leave a budgeted class a guess and no
   429 has come, the ceiling grows at most ``ramp_growth`` x the live fleet per tick (from
@@ -213,6 +217,7 @@ def _size(
     booting: int,
     config: SizingConfig,
     o_max: Mapping[Quantity, float],
+    cap: float | None,
 ) -> tuple[int, Binding, Quantity | None]:
     """New tasks k to add (may be negative), the budget binding, the saturating quantity."""
     k_sat, saturating = _BIG, None
@@ -225,8 +230,39 @@ def _size(
         k = math.ceil(need - 1e-9) - booting
         if k < k_sat:
             k_sat, saturating = k, q
-    k, binding = _bound(proj, budgets, booting, k_sat, o_max)
+    k, binding = _bound_within(proj, budgets, booting, k_sat, o_max, cap)
     return k, binding, saturating
+
+
+def _stretch_cap(
+    config: SizingConfig, steady: SteadyState, timeout_s: float | None
+) -> float | None:
+    """The most a rate budget's sustained demand may be projected over it so that the curve's
+    long tasks (its tail age), stretched by that overdrive, end within ``timeout_margin`` x the
+    live runs' instance timeout; at least 1 (a fleet at its budget is not paced by design).
+    None: no timeout bounds the sizing."""
+    if timeout_s is None:
+        return None
+    return max(1.0, config.timeout_margin * timeout_s / max(steady.tail_age_s, 1.0))
+
+
+def _bound_within(
+    proj: Projection,
+    budgets: BudgetLike,
+    booting: int,
+    k: int,
+    o_max: Mapping[Quantity, float],
+    cap: float | None,
+) -> tuple[int, Binding]:
+    """``_bound``, then the rate bounds cut to ``cap`` (``_stretch_cap``): where that lowers
+    ``k`` further, the binding is ``instance_timeout``."""
+    k, binding = _bound(proj, budgets, booting, k, o_max)
+    if cap is None:
+        return k, binding
+    k_cap, _ = _bound(proj, budgets, booting, k, {q: min(v, cap) for q, v in o_max.items()})
+    if k_cap < k:
+        return k_cap, Binding.INSTANCE_TIMEOUT
+    return k, binding
 
 
 def _bound(
@@ -279,10 +315,11 @@ def decide(
     running = int(fleet.ages.size)
     live = running + fleet.booting
     o_max, o_end = _wait_bounds(config, steady.mean_gap_s)
+    cap = _stretch_cap(config, steady, fleet.instance_timeout_s)
 
     ages = fleet.ages * fleet.progress if fleet.progress != 1.0 else fleet.ages
     proj = project(curve, ages, counting, config, steady, refill=1.0)
-    k, binding, saturating = _size(proj, budgets, fleet.booting, config, o_max)
+    k, binding, saturating = _size(proj, budgets, fleet.booting, config, o_max, cap)
     expected_finishes = proj.live_finishes + max(k + fleet.booting, 0) * float(
         1.0 - curve.survival(np.array([max(config.horizon_s - config.boot_s, 0.0)]))[0]
     )
@@ -290,13 +327,13 @@ def decide(
     if spare < expected_finishes:
         refill = max(spare, 0) / expected_finishes if expected_finishes > 0 else 0.0
         proj = project(curve, ages, counting, config, steady, refill=refill)
-        k, binding, saturating = _size(proj, budgets, fleet.booting, config, o_max)
+        k, binding, saturating = _size(proj, budgets, fleet.booting, config, o_max, cap)
 
     if _endgame(fleet.queued, budgets, steady, saturating):
         # What is left fits in about one long task's life at every budget: work launched later
         # only lengthens the tail (the limit idles while the last tasks finish alone), so
         # launch it now, as far as the pacer may hold calls longer (``endgame_max_wait_s``).
-        k_end, b_end = _bound(proj, budgets, fleet.booting, fleet.queued, o_end)
+        k_end, b_end = _bound_within(proj, budgets, fleet.booting, fleet.queued, o_end, cap)
         if k_end > k:
             k, binding = k_end, b_end
     k = min(k, fleet.queued)

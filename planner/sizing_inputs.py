@@ -119,6 +119,12 @@ class SizingConfig:
     # the young ones; calls then go in arrival order (docs/bench-planner.md, twenty-sixth
     # round). [1, 100]
     old_first_min_spread: float = 1.7
+    # A closed fleet paced at a budget stretches each task by its overdrive, and past the run's
+    # instance timeout a task lands as ``error``. So no rate budget's sustained demand is
+    # projected above ``timeout_margin x instance timeout / the curve's tail age`` x the budget
+    # (at least 1x): the curve's long tasks, so stretched, still end within this share of the
+    # timeout. Measured on batch twenty-six (docs/bench-planner.md, fiftieth round). [0.1, 1]
+    timeout_margin: float = 0.8
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -133,6 +139,7 @@ class SizingConfig:
         within("token_max_wait_s", self.token_max_wait_s, self.max_wait_s, 600.0, p)
         within("age_bin_s", self.age_bin_s, 0.1, 600.0, p)
         within("stale_floor", self.stale_floor, 1, 100_000, p)
+        within("timeout_margin", self.timeout_margin, 0.1, 1.0, p)
         within("integration_age_s", self.integration_age_s, 600.0, 604_800.0, p)
         within("ramp_floor", self.ramp_floor, 1, 100_000, p)
         within("old_first_min_spread", self.old_first_min_spread, 1.0, 100.0, p)
@@ -151,6 +158,9 @@ class FleetState:
     gap between calls)``). Curves are functions of unthrottled age, so a paced task of age a
     is projected as a task of age ``a x progress``: without it a paced fleet looks older —
     and, for a growing curve, hungrier — than it is, and the planner under-launches.
+
+    ``instance_timeout_s`` is the shortest instance timeout of the alias's live runs (their
+    ``timeouts.instance_s``); None: none bounds the sizing.
     """
 
     now: float
@@ -162,10 +172,13 @@ class FleetState:
     stale: bool = False
     progress: float = 1.0
     ramping: bool = False
+    instance_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.progress <= 1.0:
             raise ValueError("progress must be in (0, 1]")
+        if self.instance_timeout_s is not None and not self.instance_timeout_s > 0.0:
+            raise ValueError("instance_timeout_s must be > 0 (or None)")
 
 
 @dataclass(frozen=True, slots=True)

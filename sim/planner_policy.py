@@ -122,6 +122,7 @@ class PlannerPolicy:
             static=scenario.caps.static, run=scenario.caps.run, override=scenario.caps.override
         )
         self.curve = curve or scenario_curve(scenario)
+        self.instance_timeout_s = scenario.instance_timeout_s
         self.steady = steady_state(
             self.curve, self.counting, self.sizing.boot_s, self.sizing.integration_age_s
         )
@@ -467,6 +468,7 @@ class PlannerPolicy:
                 stale=actions.stale,
                 progress=self.progress,
                 ramping=self.state.ramping(),
+                instance_timeout_s=self.instance_timeout_s,
             ),
             self.curve,
             self.state.budgets,

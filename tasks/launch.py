@@ -84,6 +84,7 @@ def write_run(cfg: RunConfig, source: str | None, idempotency_key: str) -> tuple
         state=RunState.LAUNCHING,
         task_cap=cfg.caps.tasks,
         priority=cfg.priority,
+        instance_timeout_s=cfg.timeouts.instance_s,
         config=cfg.to_json_dict(),
         config_source=source,
         idempotency_key=idempotency_key,

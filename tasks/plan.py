@@ -9,7 +9,7 @@ One tick, per alias with claimable runs (the clock is read by the flow and passe
    apart, as age-0 candidates), queued jobs, the harnesses of the alias's work, pauses (the
    harness pool's ledger flag or the Prefect work pool's pause, every run paused), caps: the
    static cap, the runs' task caps, the runs' ceiling overrides and the alias's own override
-   (``alias_controls``).
+   (``alias_controls``), and the shortest instance timeout of its runs (``runs.instance_timeout_s``).
 2. ``advance_budgets`` (``tasks/plan_budgets.py``) — the controller (``planner.budgets``): its
    state is loaded from ``pacer_states`` (or seeded from the ``pacer_configs`` row, else the
    alias file's seed; an operator edit — a new ``pacer_configs`` version — re-seeds it),
@@ -22,8 +22,8 @@ One tick, per alias with claimable runs (the clock is read by the flow and passe
    (``ledger.curves.CurveCache``: a version written between two ticks is used at the next; a
    harness with no curve of its own uses the default harness's) or, when runs of several
    harnesses share the alias, their mix weighted by live + queued tasks (``MixedCurve``), the
-   controller's budgets, its cooldown and stale flags, the fleet's progress and the sizing's
-   overdrive times the saturation controller's multiplier.
+   controller's budgets, its cooldown and stale flags, the fleet's progress, the instance
+   timeout and the sizing's overdrive times the saturation controller's multiplier.
 5. ``record_decisions`` — one ``planner_decisions`` row per alias (with the saturating budget).
 6. ``push_pacer_limits`` — the budgets to the alias's Prefect global concurrency limits
    (``gateway.pacer_prefect.push_budgets``), which the gateway's Prefect pacer follows, and
@@ -106,6 +106,7 @@ class AliasFleet:
     paused: bool
     caps: Caps
     work: tuple[tuple[str, int], ...] = ()  # (harness, live + queued tasks) on the alias
+    instance_timeout_s: float | None = None  # the shortest of its runs' timeouts.instance_s
 
 
 def prefect_pool_paused(pool: str) -> bool:
@@ -129,9 +130,14 @@ def read_fleet(now: datetime, prefect_paused: bool) -> list[AliasFleet]:
     settings = get_settings()
     with engine().connect() as conn:
         runs = conn.execute(
-            select(Run.id, Run.alias, Run.harness, Run.task_cap, Run.ceiling_override).where(
-                Run.state.in_(_CLAIMABLE)
-            )
+            select(
+                Run.id,
+                Run.alias,
+                Run.harness,
+                Run.task_cap,
+                Run.ceiling_override,
+                Run.instance_timeout_s,
+            ).where(Run.state.in_(_CLAIMABLE))
         ).all()
         flags = {
             (scope, target)
@@ -194,6 +200,10 @@ def read_fleet(now: datetime, prefect_paused: bool) -> list[AliasFleet]:
                     static=settings.static_cap,
                     run=_sum_or_none([r.task_cap for r in on_alias]),
                     override=override,
+                ),
+                instance_timeout_s=min(
+                    (r.instance_timeout_s for r in on_alias if r.instance_timeout_s is not None),
+                    default=None,
                 ),
             )
         )
@@ -264,6 +274,7 @@ def decide_all(
             stale=s.actions.stale,
             progress=s.progress,
             ramping=s.state.ramping(),
+            instance_timeout_s=fleet.instance_timeout_s,
         )
         counting = Counting(
             cached_input_counts=s.state.cached_input_counts,

@@ -76,6 +76,7 @@ def add_run(
     task_cap: int | None = None,
     alias: str = ALIAS,
     now: datetime = T0,
+    instance_timeout_s: float | None = None,
 ) -> str:
     """A running run with ``running`` tasks (ages 30 s apart), ``booting`` ones, queued jobs."""
     run_id = str(uuid.uuid4())
@@ -88,6 +89,7 @@ def add_run(
                 alias=alias,
                 state="running",
                 task_cap=task_cap,
+                instance_timeout_s=instance_timeout_s,
                 spend_cap_micro_usd=10**9,
                 max_attempts=3,
                 config={},

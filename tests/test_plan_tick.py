@@ -62,6 +62,23 @@ def test_an_alias_ceiling_override_binds(plan_ledger: Engine) -> None:
     assert (d.binding.value, d.ceiling) == ("ceiling_override", 2)
 
 
+def test_the_shortest_instance_timeout_of_the_aliass_runs_bounds_the_sizing(
+    plan_ledger: Engine,
+) -> None:
+    add_run(plan_ledger, queued=400)
+    unbounded = plan.plan_tick(T0, False)[ALIAS]
+    add_run(plan_ledger, queued=1, instance_timeout_s=86_400.0)
+    add_run(plan_ledger, queued=1, instance_timeout_s=300.0)
+    (fleet,) = plan.read_fleet(T0, False)
+    assert fleet.instance_timeout_s == 300.0
+    # the shipped curve's long tasks run far over 300 s / 0.8: sized at the budget, not over it
+    bounded = plan.plan_tick(T0 + timedelta(seconds=15), False)[ALIAS]
+    assert 0 < bounded.target < unbounded.target
+    saturating = unbounded.saturating
+    assert saturating is not None
+    assert bounded.projections[saturating.value] <= bounded.budgets[saturating.value] * 1.0001
+
+
 def test_the_ledger_pool_flag_and_the_prefect_pause_both_bind_paused(plan_ledger: Engine) -> None:
     add_run(plan_ledger, running=2, queued=30)
     assert plan.plan_tick(T0, False)[ALIAS].binding.value != "paused"

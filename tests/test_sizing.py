@@ -492,3 +492,49 @@ def test_old_tasks_go_first_at_the_pacer_unless_the_queue_is_dry_and_durations_n
     assert not old_first(narrow_curve(), queued=0)
     assert old_first(flat_curve(), queued=0)  # exponential lives: spread ln 10 / ln 2
     assert old_first(narrow_curve(), replace(CFG, old_first_min_spread=1.0), queued=0)
+
+
+def test_the_instance_timeout_bounds_how_far_the_pacer_may_stretch_tasks() -> None:
+    """Paced at its budget, a fleet sized ``x`` over it stretches each task ``x`` times: with a
+    timeout, the curve's long tasks (survival 2%: 300 s x ln 50 = 1,174 s here) so stretched
+    must end within ``timeout_margin`` of it, and the bound that cuts the fleet is named."""
+    curve = flat_curve()
+    budgets = B(tokens_per_s=10_000.0)
+    tail = 300.0 * np.log(50.0)
+    free = decide(fleet([]), curve, budgets, Counting(), Caps(), CFG)
+    assert free.binding is Binding.PACED
+    assert free.projections["tokens_per_s"] / 10_000.0 > 2.2
+    # a long timeout bounds nothing
+    loose = decide(
+        replace(fleet([]), instance_timeout_s=20_000.0), curve, budgets, Counting(), Caps(), CFG
+    )
+    assert (loose.binding, loose.ceiling) == (free.binding, free.ceiling)
+    # 0.8 x 2,200 s over a tail of 1,174 s: demand at most 1.5x the budget
+    timeout = 1.5 * tail / CFG.timeout_margin
+    bounded = decide(
+        replace(fleet([]), instance_timeout_s=timeout), curve, budgets, Counting(), Caps(), CFG
+    )
+    assert bounded.binding is Binding.INSTANCE_TIMEOUT
+    assert bounded.sized_by is Binding.INSTANCE_TIMEOUT
+    assert 1.3 < bounded.projections["tokens_per_s"] / 10_000.0 <= 1.5 + 1e-6
+    # a timeout shorter than the long tasks themselves: sized at the budget, never below it
+    short = decide(
+        replace(fleet([]), instance_timeout_s=0.5 * tail), curve, budgets, Counting(), Caps(), CFG
+    )
+    assert short.binding is Binding.INSTANCE_TIMEOUT
+    assert 0.9 < short.projections["tokens_per_s"] / 10_000.0 <= 1.0 + 1e-6
+    assert short.launches_allowed > 0
+    # a larger margin allows more
+    wider = decide(
+        replace(fleet([]), instance_timeout_s=timeout),
+        curve,
+        budgets,
+        Counting(),
+        Caps(),
+        replace(CFG, timeout_margin=1.0),
+    )
+    assert bounded.ceiling < wider.ceiling <= free.ceiling
+    with pytest.raises(ValueError, match="instance_timeout_s"):
+        replace(fleet([]), instance_timeout_s=0.0)
+    with pytest.raises(ConfigError, match="timeout_margin"):
+        SizingConfig(timeout_margin=0.0)

@@ -86,3 +86,27 @@ def test_audit_log_is_append_only(ledger_url: str, statement: str) -> None:
         assert "x" not in reasons
     finally:
         engine.dispose()
+
+
+def test_runs_written_before_the_instance_timeout_column_get_their_configs_timeout(
+    empty_url: str,
+) -> None:
+    upgrade(empty_url, "0009")
+    engine = make_engine(empty_url)
+    insert = text(
+        "INSERT INTO runs (id, name, harness, alias, state, spend_cap_micro_usd, priority, "
+        "max_attempts, config) VALUES (:id, 'r', 'h', 'a', 'running', 1, 1.0, 3, :config)"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert, {"id": "set", "config": '{"timeouts": {"instance_s": 1800.0}}'})
+            conn.execute(insert, {"id": "absent", "config": '{"name": "old"}'})
+        upgrade(empty_url)
+        with engine.connect() as conn:
+            rows = {
+                str(run_id): timeout
+                for run_id, timeout in conn.execute(text("SELECT id, instance_timeout_s FROM runs"))
+            }
+    finally:
+        engine.dispose()
+    assert rows == {"set": 1800.0, "absent": None}

@@ -162,8 +162,9 @@ def test_unknown_429s_of_a_token_limit_do_not_cut_the_output_budget_to_nothing()
     # 6,631 s vs 7,021 s (5.6%) with the launch ramp from 100 (from 50 the ramp's first cohort
     # met the first 429s at a level the share rule blamed rightly: no loop in this file);
     # 6,641 s vs 6,832 s (2.8%) since a re-base up comes once the acceptance proves the seed
-    # (the naive run's starved output budget climbs back sooner)
-    assert steady_row["makespan_s"] < 0.98 * naive_row["makespan_s"]
+    # (the naive run's starved output budget climbs back sooner); 6,667 s vs 6,790 s (1.8%)
+    # since the sizing keeps tasks within the instance timeout (both fleets are smaller)
+    assert steady_row["makespan_s"] < 0.99 * naive_row["makespan_s"]
     assert steady_row["ratio"] <= 1.2
 
 
