@@ -70,6 +70,16 @@ class PacerSeed(_Strict):
         description="Seconds of refill the pacer sends nothing after a 429 whose headers say "
         "nothing of the provider's buckets (an empty bucket takes no retries at once).",
     )
+    urgent_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="When set, a call whose task has run this share of its instance timeout "
+        "(the harness's x-evalfleet-task-timeout-s) goes before every other call, oldest task "
+        "first: fewer attempts past timeouts.instance_s, for some makespan (0.75: runs with an "
+        "instance past a 3,600 s timeout 88 -> 26 of 168 simulated, mean makespan +0.45%). "
+        "Unset: off.",
+    )
 
 
 class Alias(_Strict):

@@ -25,8 +25,10 @@
 7. the spend reservation is settled at the real cost and the pacer at the real tokens; the
    alias's latest rate-limit headers are kept (``alias_observations``) for the planner.
 
-Harness headers: ``x-evalfleet-instance``, ``x-evalfleet-harness`` and
-``x-evalfleet-task-started-at`` (epoch seconds; else the gateway's first sight of the instance).
+Harness headers: ``x-evalfleet-instance``, ``x-evalfleet-harness``,
+``x-evalfleet-task-started-at`` (epoch seconds; else the gateway's first sight of the instance)
+and ``x-evalfleet-task-timeout-s`` (the run's instance timeout: past 0.75 of it the pacer puts
+the task's calls first, ``planner.pacer_order``).
 
 This module is the call path; the flavours' wire formats (the upstream request, errors,
 passed-through headers, usage) are ``gateway.wire``, a streamed response's relay is
@@ -265,6 +267,7 @@ class Gateway:
             instance=instance,
             harness=request.headers.get("x-evalfleet-harness"),
             task_age_s=self.book.task_age(request, reservation.run_id, instance),
+            task_timeout_s=self.book.task_timeout(request),
             requested_at=requested_at,
             input_estimate=input_tokens,
             max_tokens=max_tokens,

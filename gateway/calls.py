@@ -68,6 +68,7 @@ class Call:
     requested_at: datetime
     input_estimate: int
     max_tokens: int
+    task_timeout_s: float | None = None  # the harness's x-evalfleet-task-timeout-s
     raw_body: bytes = b""  # the request as the harness sent it: a resend repeats it
     retry: bool = False  # this attempt repeats a request the provider rejected
     permit: Permit | None = None
@@ -110,7 +111,8 @@ class CallBook:
     def estimate(self, call: Call) -> CallEstimate:
         """The pacer's estimate: the cached part is the instance's previous prompt (agents
         resend their history), the rest uncached; output ``max_tokens``; the task's age (it
-        orders the pacer's queue under an output limit)."""
+        orders the pacer's queue under an output limit) and its instance timeout (near it the
+        task's calls go first)."""
         key = (call.reservation.run_id, call.instance or "")
         cached = 0
         if call.instance is not None:
@@ -121,6 +123,7 @@ class CallBook:
             input_cached=cached,
             max_output=call.max_tokens,
             task_age_s=call.task_age_s,
+            task_timeout_s=call.task_timeout_s,
         )
 
     def check_resend(self, call: Call) -> None:
@@ -162,6 +165,19 @@ class CallBook:
         first = self._first_seen.get(key, now)
         _remember(self._first_seen, key, first)
         return now - first
+
+    @staticmethod
+    def task_timeout(request: Request) -> float | None:
+        """The task's instance timeout in seconds, from ``x-evalfleet-task-timeout-s`` (None
+        when absent or not a finite positive number: the call is then never urgent)."""
+        stated = request.headers.get("x-evalfleet-task-timeout-s")
+        if stated is None:
+            return None
+        try:
+            value = float(stated)
+        except ValueError:
+            return None
+        return value if math.isfinite(value) and value > 0 else None
 
     def record(
         self, call: Call, status: int, latency_s: float, limit: str | None, *, sent_at: float

@@ -86,6 +86,7 @@ class InProcessPacer:
             token_class=token_class(alias),
             cached_input_counts=alias.cached_input_counts,
             now=self._clock(),
+            urgent_share=alias.pacer.urgent_share,
         )
 
     async def start(self) -> None:

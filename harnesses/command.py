@@ -7,6 +7,9 @@ database URL leaks into it): ``PATH``, ``HOME`` (its private working folder), th
 
     EVALFLEET_RUN_ID, EVALFLEET_INSTANCE_ID, EVALFLEET_RESULT_PATH
     EVALFLEET_GATEWAY_URL / OPENAI_BASE_URL (harness) ; EVALFLEET_PATCH_PATH (evaluator)
+    EVALFLEET_TASK_STARTED_AT, EVALFLEET_TASK_TIMEOUT_S (harness): a program that sends them to
+    the gateway as x-evalfleet-task-started-at / x-evalfleet-task-timeout-s has its calls put
+    first by the pacer near the timeout, as the built-in harnesses do
 
 ``argv`` items may use the placeholders ``{instance_id}``, ``{run_id}``, ``{result_path}``,
 ``{gateway_url}`` (harness) and ``{patch_path}`` (evaluator). The program writes its result JSON
@@ -156,6 +159,10 @@ class CommandHarness:
                 "OPENAI_BASE_URL": ctx.gateway_url.rstrip("/") + "/v1",
                 "OPENAI_API_KEY": key,
             }
+            if ctx.started_at is not None:
+                env["EVALFLEET_TASK_STARTED_AT"] = f"{ctx.started_at:.3f}"
+            if ctx.deadline is not None:
+                env["EVALFLEET_TASK_TIMEOUT_S"] = f"{ctx.deadline.timeout_s:g}"
             placeholders = {
                 "instance_id": ctx.instance_id,
                 "run_id": ctx.run_id,

@@ -86,7 +86,8 @@ class _Charge:
 
 class PacerCore:
     """Head-of-line admission against calls/s, counted tokens/s, output tokens/s and in-flight
-    tokens (FIFO, or smallest prompt first under a token limit: ``planner.pacer_order``)."""
+    tokens (FIFO, or smallest prompt first under a token limit: ``planner.pacer_order``;
+    ``urgent_share``: a task that has run that share of its instance timeout goes first)."""
 
     def __init__(
         self,
@@ -97,6 +98,7 @@ class PacerCore:
         token_class: TokenClass = "input",
         cached_input_counts: bool = False,
         now: float = 0.0,
+        urgent_share: float | None = None,
     ) -> None:
         if not (math.isfinite(burst_s) and burst_s > 0):
             raise ValueError(f"burst_s must be a positive number of seconds, got {burst_s!r}")
@@ -128,7 +130,7 @@ class PacerCore:
         self._queue: list[tuple[float, int, str, CallEstimate, _Charge, float]] = []
         self._arrivals = 0
         self._queued_ids: set[str] = set()
-        self._order = QueueOrder()
+        self._order = QueueOrder(urgent_share)
         self._admitted: dict[str, tuple[CallEstimate, _Charge]] = {}
         self._unreported: list[str] = []
         self._usage_start = now

@@ -19,14 +19,16 @@ __all__ = ["Admission", "CallEstimate", "CallUsage", "PacerUsage"]
 
 @dataclass(frozen=True)
 class CallEstimate:
-    """What a call is admitted on: its input (split by cache) and its ``max_tokens``; and how
-    long its task has been running (``task_age_s``, None when unknown), which orders the queue
-    while the output budget holds it back."""
+    """What a call is admitted on: its input (split by cache) and its ``max_tokens``; how long
+    its task has been running (``task_age_s``, None when unknown), which orders the queue while
+    the output budget holds it back; and its task's instance timeout (``task_timeout_s``, None
+    when unknown), near which its calls may go first (``planner.pacer_order``)."""
 
     input_uncached: int
     input_cached: int = 0
     max_output: int = 0
     task_age_s: float | None = None
+    task_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if min(self.input_uncached, self.input_cached, self.max_output) < 0:
@@ -35,6 +37,10 @@ class CallEstimate:
             math.isfinite(self.task_age_s) and self.task_age_s >= 0
         ):
             raise ValueError(f"task_age_s must be a finite number >= 0: {self}")
+        if self.task_timeout_s is not None and not (
+            math.isfinite(self.task_timeout_s) and self.task_timeout_s > 0
+        ):
+            raise ValueError(f"task_timeout_s must be a finite number > 0: {self}")
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,11 @@ def scenario_curve(scenario: Scenario) -> HarnessCurve:
 class PacerGate:
     """``planner.pacer.PacerCore`` as the simulator's gate (call ids are call indices)."""
 
-    def __init__(self, core: PacerCore, workload: Workload) -> None:
+    def __init__(
+        self, core: PacerCore, workload: Workload, task_timeout_s: float | None = None
+    ) -> None:
         self.core = core
+        self._task_timeout_s = task_timeout_s  # every task's (the scenario's instance timeout)
         self._uncached = (workload.input - workload.cached).tolist()
         self._cached = workload.cached.tolist()
         self._output = workload.output.tolist()
@@ -69,6 +72,7 @@ class PacerGate:
             self._cached[call],
             self._output[call],
             task_age_s=max(0.0, now - started),
+            task_timeout_s=self._task_timeout_s,
         )
         admitted = self.core.request(str(call), est, now).admitted
         if admitted:

@@ -94,6 +94,7 @@ class PlannerPolicy:
         controller: ControllerConfig | None = None,
         burst_s: float | None = None,
         curve: HarnessCurve | None = None,
+        urgent_share: float | None = None,
     ) -> None:
         ac = scenario.alias_config
         self.token_class: TokenClass = "combined" if scenario.provider.tpm is not None else "input"
@@ -136,8 +137,9 @@ class PlannerPolicy:
             stated_burst_s=DEFAULT_STATED_BURST_S,
             token_class=self.token_class,
             cached_input_counts=ac.cached_input_counts,
+            urgent_share=urgent_share,  # an alias's pacer.urgent_share (off by default)
         )
-        self._pacer_gate = PacerGate(self.pacer, workload)
+        self._pacer_gate = PacerGate(self.pacer, workload, scenario.instance_timeout_s)
         self._stated_by_429: dict[LimitType, float] = {}  # limits the window's 429s stated
         self._gateway_verdict = False  # the gateway judged a token 429: cache reads count
         self.provisional = ProvisionalCuts(

@@ -174,9 +174,14 @@ def test_command_harness_gets_the_key_in_its_environment_only(tmp_path: Path) ->
         json.dump({{"patch": None}}, open(os.environ["EVALFLEET_RESULT_PATH"], "w"))
         """,
     )
-    result = make_harness("command", {"argv": argv, "env": {"EXTRA": "1"}}).run(ctx(FakeProvider()))
+    context = dataclasses.replace(
+        ctx(FakeProvider()), started_at=1_700_000_000.25, deadline=Deadline.after(1800.0)
+    )
+    result = make_harness("command", {"argv": argv, "env": {"EXTRA": "1"}}).run(context)
     assert result.patch is None
     seen = json.loads(out.read_text())
+    assert seen["env"]["EVALFLEET_TASK_STARTED_AT"] == "1700000000.250"
+    assert seen["env"]["EVALFLEET_TASK_TIMEOUT_S"] == "1800"
     assert KEY not in " ".join(seen["argv"])
     assert seen["env"]["EVALFLEET_GATEWAY_KEY"] == KEY
     assert seen["env"]["EVALFLEET_INSTANCE_ID"] == "django__django-1"
@@ -273,9 +278,12 @@ def test_simulated_harness_stops_at_the_instance_deadline() -> None:
     sent = len(provider.requests)
     assert 0 < sent < 40
     assert f"({sent} calls done)" in info.value.detail
+    # the gateway is told the timeout, near which the pacer puts the task's calls first
+    assert {h["x-evalfleet-task-timeout-s"] for h in provider.headers} == {"10"}
     # without a deadline the same instance makes every planned call
     provider = FakeProvider()
     assert harness.run(ctx(provider)).calls == 40 == len(provider.requests)
+    assert not [h for h in provider.headers if "x-evalfleet-task-timeout-s" in h]
 
 
 def test_trace_replay_pauses_end_at_the_deadline_not_after_the_recorded_gap() -> None:

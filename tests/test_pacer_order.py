@@ -9,6 +9,7 @@ import math
 import pytest
 
 from planner.pacer import AGEING_TOKENS_PER_S, CallEstimate, CallUsage, PacerCore
+from planner.pacer_order import QueueOrder
 from tests.pacer_support import budgets, drive
 
 
@@ -139,3 +140,47 @@ def test_with_old_tasks_first_off_an_output_bound_queue_goes_in_arrival_order() 
         est = CallEstimate(1_000, max_output=100, task_age_s=age)
         assert not pacer.request(name, est, 4.5 + i * 0.001).admitted
     assert [*pacer.poll(5.0), *pacer.poll(6.0), *pacer.poll(7.0)] == ["old2", "old", "young2"]
+
+
+def test_a_task_near_its_instance_timeout_goes_first_in_every_order() -> None:
+    """With an urgent share, past that share of its timeout a task's call goes before every
+    other, the oldest task's first: under a token limit the big prompt of an old task would
+    otherwise wait behind every small one, and under a calls limit behind every earlier
+    arrival. Without one (the default) the orders are as before."""
+    timeout = 1000.0
+    share = 0.75
+    old = share * timeout
+
+    def est(prompt: int, age: float, timeout_s: float | None = timeout) -> CallEstimate:
+        return CallEstimate(prompt, task_age_s=age, task_timeout_s=timeout_s)
+
+    tokens = PacerCore(budgets(calls=1000.0, tokens=1000.0), burst_s=1.0, urgent_share=share)
+    assert tokens.request("a", est(1000, 10.0), 0.0).admitted  # the token bucket is empty
+    assert not tokens.request("small", est(10, 10.0), 0.0).admitted
+    assert not tokens.request("older", est(500, old + 50.0), 0.001).admitted
+    assert not tokens.request("oldest", est(800, old + 100.0), 0.002).admitted
+    assert not tokens.request("no-timeout", est(500, old + 500.0, None), 0.003).admitted
+    assert tokens.poll(0.81) == ["oldest"]
+    assert tokens.poll(1.32) == ["older", "small"]
+    for urgent_share, expected in (
+        (share, ["urgent", "first", "young"]),
+        (None, ["first", "young", "urgent"]),
+    ):
+        calls = PacerCore(budgets(calls=1.0, tokens=1e9), burst_s=1.0, urgent_share=urgent_share)
+        assert calls.request("a", est(10, 10.0), 0.0).admitted
+        assert not calls.request("first", est(10, 10.0), 0.0).admitted
+        assert not calls.request("young", est(10, old - 1.0), 0.001).admitted
+        assert not calls.request("urgent", est(10, old), 0.002).admitted
+        assert [calls.poll(t) for t in (1.0, 2.0, 3.0)] == [[c] for c in expected]
+
+
+def test_an_estimates_timeout_must_be_positive_and_an_urgent_share_a_share() -> None:
+    with pytest.raises(ValueError, match="task_timeout_s"):
+        CallEstimate(10, task_timeout_s=0.0)
+    with pytest.raises(ValueError, match="urgent_share"):
+        PacerCore(budgets(), burst_s=1.0, urgent_share=1.5)
+    order = QueueOrder(0.5)
+    assert order.urgent(CallEstimate(10, task_age_s=50.0, task_timeout_s=100.0))
+    assert not order.urgent(CallEstimate(10, task_age_s=5000.0))  # no timeout: never urgent
+    assert not order.urgent(CallEstimate(10, task_timeout_s=100.0))  # no age: never urgent
+    assert not QueueOrder().urgent(CallEstimate(10, task_age_s=99.0, task_timeout_s=100.0))

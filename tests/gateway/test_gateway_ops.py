@@ -201,3 +201,9 @@ def test_the_pacer_is_told_each_calls_task_age(make_stack: Callable[..., Stack])
     assert later is not None and 0.3 <= later < 5.0
     for ignored in (minus_inf, junk):
         assert ignored is not None and later <= ignored < 5.0
+    # the task's instance timeout, near which its calls go first; junk is no timeout
+    assert [e.task_timeout_s for e in seen] == [None] * 5
+    post({"x-evalfleet-task-timeout-s": "1800"})
+    for junk_timeout in ("0", "-5", "nan", "inf", "soon"):
+        post({"x-evalfleet-task-timeout-s": junk_timeout})
+    assert [e.task_timeout_s for e in seen[5:]] == [1800.0] + [None] * 5

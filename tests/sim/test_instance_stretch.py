@@ -6,10 +6,14 @@ from __future__ import annotations
 import pytest
 
 from sim.bench import run_policy, saturating_workers
-from sim.metrics import lower_bound
-from sim.scenario import parse_scenario
+from sim.engine import Simulation
+from sim.limits import ProviderLimits
+from sim.metrics import limit_spec, lower_bound, summarise
+from sim.planner_policy import PlannerPolicy
+from sim.reveal import headers_now
+from sim.scenario import load_scenario, parse_scenario
 from sim.workload import build_workload
-from tests.sim.sim_support import parametric
+from tests.sim.sim_support import ROOT, parametric
 
 
 def test_an_unthrottled_fleet_stretches_nothing_and_times_nothing_out() -> None:
@@ -55,3 +59,29 @@ def test_the_timeout_is_checked_like_every_scenario_field() -> None:
     with pytest.raises(ConfigError, match="instance_timeout_s"):
         parse_scenario(parametric(instance_timeout_s=0), "s")
     assert parse_scenario(parametric(), "s").instance_timeout_s == 3600.0
+
+
+def test_tasks_near_their_timeout_first_at_the_pacer_take_fewer_past_it() -> None:
+    """Under a token limit the pacer serves small prompts first, and a task whose context has
+    grown waits at each call: some run past the timeout. With an urgent share, calls of tasks
+    that have run that share of it go first, and fewer do."""
+    scenario = load_scenario(ROOT / "scenarios" / "trace-cached-counted.yaml")
+    workload = build_workload(scenario)
+    bound = lower_bound(scenario, workload)
+
+    def timeouts(urgent_share: float | None) -> int:
+        spec, changes = limit_spec(scenario)
+        provider = ProviderLimits(spec, changes)
+        style = scenario.provider.headers
+        policy = PlannerPolicy(
+            scenario,
+            workload,
+            lambda now: headers_now(style, provider, now),
+            urgent_share=urgent_share,
+        )
+        stats = Simulation(workload, policy, provider, style).run()
+        return int(summarise(stats, scenario, workload, bound)["timeouts"])
+
+    held_past = timeouts(None)
+    assert held_past > 0
+    assert timeouts(0.75) < held_past
