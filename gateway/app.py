@@ -11,7 +11,8 @@
    and ``x-should-retry: false``; nothing is forwarded;
 3. the alias's pacer admits it on an estimate (uncached input + ``max_tokens``; the cached part
    is estimated as the previous call's prompt of the same instance, since agents resend their
-   history);
+   history); a harness that hangs up meanwhile (its deadline, a crash) has its call dropped,
+   never sent (``gateway.client_gone``);
 4. it is forwarded with the run's provider key (from the ``ProviderKeyStore``, cached in
    memory) through an ``httpx.AsyncClient`` (tests give it a transport);
 5. a 429/529/503 from the provider is recorded, classified (``planner.classify``) and retried
@@ -60,9 +61,10 @@ from starlette.routing import Route
 from evalfleet.errors import KeyRejected, SpendCapExceeded
 from gateway.aliases import Aliases
 from gateway.calls import Call, CallBook
+from gateway.client_gone import ClientGone, while_connected
 from gateway.keys import ProviderKeyStore, hash_secret
 from gateway.pacer_local import token_class
-from gateway.pacing import Pacer, PacerUnavailable
+from gateway.pacing import Pacer, PacerUnavailable, Permit
 from gateway.recorder import CallRecorder
 from gateway.relay import RelayedStream, relay_events
 from gateway.send_log import SendLog
@@ -294,7 +296,16 @@ class Gateway:
                 f"run {call.reservation.run_id} has no provider key in the gateway's key store",
             )
         try:
-            call.permit = await self.pacer.acquire(call.alias.name, self.book.estimate(call))
+            call.permit = await while_connected(
+                request, self.pacer.acquire(call.alias.name, self.book.estimate(call))
+            )
+        except ClientGone as gone:
+            # never sent: the spend reservation, and an admission that came as the client left,
+            # go back (``gateway.client_gone``)
+            if isinstance(gone.result, Permit):
+                call.permit = gone.result
+            self._settle_now(call, settled_cost=0)
+            return Response(status_code=CLIENT_CLOSED)
         except PacerUnavailable as exc:
             self._settle_now(call, settled_cost=0)
             return error_response(
