@@ -28,8 +28,9 @@
 
 Harness headers: ``x-evalfleet-instance``, ``x-evalfleet-harness``,
 ``x-evalfleet-task-started-at`` (epoch seconds; else the gateway's first sight of the instance)
-and ``x-evalfleet-task-timeout-s`` (the run's instance timeout: past 0.75 of it the pacer puts
-the task's calls first, ``planner.pacer_order``).
+and ``x-evalfleet-task-timeout-s`` (the run's instance timeout: with an alias's
+``pacer.urgent_share``, past that share of it the pacer puts the task's calls first,
+``planner.pacer_order``).
 
 This module is the call path; the flavours' wire formats (the upstream request, errors,
 passed-through headers, usage) are ``gateway.wire``, a streamed response's relay is

@@ -112,7 +112,7 @@ class CallBook:
         """The pacer's estimate: the cached part is the instance's previous prompt (agents
         resend their history), the rest uncached; output ``max_tokens``; the task's age (it
         orders the pacer's queue under an output limit) and its instance timeout (near it the
-        task's calls go first)."""
+        task's calls go first where the alias sets ``pacer.urgent_share``)."""
         key = (call.reservation.run_id, call.instance or "")
         cached = 0
         if call.instance is not None:

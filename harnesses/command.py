@@ -8,8 +8,9 @@ database URL leaks into it): ``PATH``, ``HOME`` (its private working folder), th
     EVALFLEET_RUN_ID, EVALFLEET_INSTANCE_ID, EVALFLEET_RESULT_PATH
     EVALFLEET_GATEWAY_URL / OPENAI_BASE_URL (harness) ; EVALFLEET_PATCH_PATH (evaluator)
     EVALFLEET_TASK_STARTED_AT, EVALFLEET_TASK_TIMEOUT_S (harness): a program that sends them to
-    the gateway as x-evalfleet-task-started-at / x-evalfleet-task-timeout-s has its calls put
-    first by the pacer near the timeout, as the built-in harnesses do
+    the gateway as x-evalfleet-task-started-at / x-evalfleet-task-timeout-s gives the pacer its
+    task's age and timeout, as the built-in harnesses do (an alias's pacer.urgent_share then puts
+    its calls first near the timeout)
 
 ``argv`` items may use the placeholders ``{instance_id}``, ``{run_id}``, ``{result_path}``,
 ``{gateway_url}`` (harness) and ``{patch_path}`` (evaluator). The program writes its result JSON

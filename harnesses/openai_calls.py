@@ -41,7 +41,7 @@ def make_client(ctx: HarnessContext, timeout_s: float) -> openai.OpenAI:
         headers["x-evalfleet-harness"] = ctx.harness
     if ctx.started_at is not None:
         headers["x-evalfleet-task-started-at"] = f"{ctx.started_at:.3f}"
-    if ctx.deadline is not None:  # near it the gateway's pacer puts the task's calls first
+    if ctx.deadline is not None:  # near it the pacer may put the task's calls first
         headers["x-evalfleet-task-timeout-s"] = f"{ctx.deadline.timeout_s:g}"
     return openai.OpenAI(
         base_url=ctx.gateway_url.rstrip("/") + "/v1",
