@@ -34,8 +34,9 @@ and ``x-evalfleet-task-timeout-s`` (the run's instance timeout: with an alias's
 
 This module is the call path; the flavours' wire formats (the upstream request, errors,
 passed-through headers, usage) are ``gateway.wire``, a streamed response's relay is
-``gateway.relay``, and what is kept of each call (task age, the pacer's estimate, its
-``llm_calls`` row and the alias's headers) is ``gateway.calls``.
+``gateway.relay``, what is kept of each call (task age, the pacer's estimate, its
+``llm_calls`` row and the alias's headers) is ``gateway.calls``, and what a provider's answer
+teaches the pacer at once (cut, mirror, hold, recount) is ``gateway.feedback``.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ from evalfleet.errors import KeyRejected, SpendCapExceeded
 from gateway.aliases import Aliases
 from gateway.calls import Call, CallBook
 from gateway.client_gone import ClientGone, while_connected
+from gateway.feedback import ProviderFeedback
 from gateway.keys import ProviderKeyStore, hash_secret
-from gateway.pacer_local import token_class
 from gateway.pacing import Pacer, PacerUnavailable, Permit
 from gateway.recorder import CallRecorder
 from gateway.relay import RelayedStream, relay_events
@@ -83,8 +84,7 @@ from gateway.wire import (
 from ledger.db import session_factory
 from ledger.models import CLIENT_CLOSED, SERVED_STATUSES
 from ledger.pauses import is_paused
-from planner.cache_counting import infer_cached_input_counts
-from planner.classify import Classification, LimitType, classify, parse_rate_limit_headers
+from planner.classify import LimitType, classify
 from planner.pacer import CallUsage as PacerUsage
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,8 @@ class Gateway:
         self.max_retry_wait_s = max_retry_wait_s
         self.recorder = CallRecorder(self.sessions)
         self.book = CallBook(self.recorder, clock)
-        self.sends = SendLog()  # what went upstream: a token 429 judged at once (_judge_counting)
+        self.sends = SendLog()  # what went upstream: a token 429 judged at once (gateway.feedback)
+        self.feedback = ProviderFeedback(pacer, self.sends, clock)
         self.spend = SpendStore(engine)
         self.settler = Settler(self.spend)
         self._transport = transport
@@ -339,7 +340,7 @@ class Gateway:
             out_headers = passthrough_headers(upstream.headers)
             if upstream.status_code == 200:
                 self.book.observe(call, upstream, LimitType.NONE, None, None, latency)
-                self._sync_pacer(call, upstream, sent_at)
+                self.feedback.served(call, upstream, sent_at)
                 try:
                     usage_from_body(call.flavour, json.loads(raw), call.usage)
                 except ValueError:
@@ -361,18 +362,9 @@ class Gateway:
                 verdict.limits,
                 verdict.remaining,
                 latency,
-                counted_cache_reads=self._judge_counting(call, verdict, sent_at),
+                counted_cache_reads=self.feedback.judge_counting(call, verdict, sent_at),
             )
-            if upstream.status_code == 429 and not call.retry:
-                # a call's first 429: cut what it hit at once, not at the planner's next tick
-                # (planner.provisional_cut); a retry's repeats its first one's evidence
-                self.pacer.cut_at_429(call.alias.name, verdict)
-            if verdict.remaining:
-                # the provider's bucket is emptier than the pacer's: retries must not storm it
-                self.pacer.observe_remaining(call.alias.name, verdict.remaining)
-            # and a bucket it says nothing of is empty: hold it (planner.pacer.classes_to_hold
-            # decides which, none for spend or overload; a per-day limit's 429 holds them all)
-            self.pacer.hold(call.alias.name, verdict)
+            self.feedback.rejected(call, verdict)
             limit = None if verdict.limit_type is LimitType.NONE else verdict.limit_type.value
             self.book.record(call, upstream.status_code, latency, limit, sent_at=sent_at)
             wait = verdict.retry_after_s if verdict.retry_after_s is not None else 1.0
@@ -422,7 +414,7 @@ class Gateway:
         headers = passthrough_headers(upstream.headers)
         self.book.observe(call, upstream, LimitType.NONE, None, None, time.monotonic() - started)
         self.book.note_outcome(call, rejected=False)
-        self._sync_pacer(call, upstream, sent_at)
+        self.feedback.served(call, upstream, sent_at)
         return RelayedStream(
             relay_events(upstream, call.flavour, call.usage, finish),
             on_end=abandoned,
@@ -444,48 +436,6 @@ class Gateway:
     def forget_run(self, run_id: str) -> None:
         """Drop a run's cached provider key (after its keys were revoked)."""
         self._provider_keys.pop(run_id, None)
-
-    def _sync_pacer(self, call: Call, upstream: httpx.Response, sent_at: float) -> None:
-        """A success's rate-limit headers say what is left of the provider's buckets: the
-        pacer holds no more (a limit that dropped, or other users of the key, show here first),
-        and the send log keeps the counted bucket for judging a token 429 (``_judge_counting``)."""
-        now = self._clock()
-        stated = parse_rate_limit_headers(upstream.headers, now_epoch=now)
-        if stated.remaining:
-            self.pacer.observe_remaining(call.alias.name, stated.remaining)
-            self.sends.read(
-                call.alias.name,
-                now,
-                sent_at,
-                stated.limits,
-                stated.remaining,
-                token_class(call.alias),
-            )
-
-    def _judge_counting(self, call: Call, verdict: Classification, sent_at: float) -> bool:
-        """A token 429 against what was sent since a reading shortly before it
-        (``gateway.send_log``): where it says the provider counts the cache reads the pacer
-        does not charge, the pacer counts them at once (the planner adopts the verdict, which
-        the observation carries, at its next tick). True when it flipped the pacer."""
-        alias = call.alias.name
-        if verdict.limit_type not in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
-            return False
-        if self.pacer.cached_input_counts(alias):
-            return False
-        window = self.sends.window_at(
-            alias, sent_at, verdict.limits, verdict.remaining, token_class(call.alias)
-        )
-        if window is None:
-            return False
-        if not infer_cached_input_counts([window], believed=False):
-            return False
-        self.pacer.recount(alias, True)
-        log.warning(
-            "alias %s: a token 429 found the provider's bucket emptied by more than the uncached "
-            "tokens sent since its last reading: it counts cache reads; pacing so",
-            alias,
-        )
-        return True
 
     def _settle_now(self, call: Call, settled_cost: int) -> None:
         """Settle pacer and spend for a call, once (in a tracked background task)."""
