@@ -32,6 +32,16 @@ class ConfigSourceUnavailable(ConfigError):
         super().__init__(source, problems)
 
 
+class ServiceUnavailable(EvalfleetError):
+    """A service a setting names (``setting``) cannot be reached when a part that depends on it
+    starts, e.g. the Valkey through which gateway replicas share budgets."""
+
+    def __init__(self, setting: str, detail: str) -> None:
+        self.setting = setting
+        self.detail = detail
+        super().__init__(f"{setting}: {detail}")
+
+
 class IllegalTransition(EvalfleetError):
     """A state change that the run or instance state machine does not allow."""
 

@@ -204,6 +204,34 @@ class Settings(BaseSettings):
         description="Seconds between re-reads of an alias's Prefect concurrency limits by the "
         "gateway's local pacer.",
     )
+    gateway_budget_sharing: Literal["solo", "valkey"] = Field(
+        default="solo",
+        description="How gateway processes serving the same aliases pace them: `solo` (this "
+        "gateway is each alias's only one and paces at the full budgets) or `valkey` (replicas "
+        "behind a load balancer split every budget by demand through EVALFLEET_VALKEY_URL).",
+    )
+    gateway_replica_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9._:-]+$",
+        description="This gateway replica's name among those sharing budgets; default: host "
+        "name, process id and a random suffix (unique per start).",
+    )
+    gateway_share_interval_s: float = Field(
+        default=1.0,
+        ge=0.1,
+        le=30.0,
+        description="Seconds between a gateway replica's reports of its demand (and re-reads "
+        "of its share of the budgets) when budgets are shared.",
+    )
+    gateway_replica_ttl_s: float = Field(
+        default=10.0,
+        ge=1.0,
+        le=600.0,
+        description="Seconds without a report after which a gateway replica counts as gone "
+        "and the others take its share (by the Valkey server's clock).",
+    )
 
     project_dir: Path = Field(
         default=PROJECT_ROOT,
@@ -335,6 +363,18 @@ class Settings(BaseSettings):
                 "EVALFLEET_PLANNER_DECISION_MAX_AGE_S must be at least twice "
                 f"EVALFLEET_PLANNER_TICK_S (got {self.planner_decision_max_age_s:g} < "
                 f"2 x {self.planner_tick_s:g}): every decision would expire before the next one"
+            )
+        if self.gateway_budget_sharing == "valkey" and self.valkey_url is None:
+            raise ValueError(
+                "EVALFLEET_GATEWAY_BUDGET_SHARING is `valkey` but EVALFLEET_VALKEY_URL is not "
+                "set: replicas share budgets through it"
+            )
+        if self.gateway_replica_ttl_s < 3 * self.gateway_share_interval_s:
+            raise ValueError(
+                "EVALFLEET_GATEWAY_REPLICA_TTL_S must be at least three times "
+                f"EVALFLEET_GATEWAY_SHARE_INTERVAL_S (got {self.gateway_replica_ttl_s:g} < "
+                f"3 x {self.gateway_share_interval_s:g}): live replicas would be reaped between "
+                "their reports"
             )
         if self.eval_concurrency_min > self.eval_concurrency_max:
             raise ValueError(

@@ -69,6 +69,8 @@ from gateway.keys import ProviderKeyStore, hash_secret
 from gateway.pacing import Pacer, PacerUnavailable, Permit
 from gateway.recorder import CallRecorder
 from gateway.relay import RelayedStream, relay_events
+from gateway.replica_sync import ReplicaSync
+from gateway.replicas import ReplicaRegistry
 from gateway.send_log import SendLog
 from gateway.spend import Settler, SpendStore
 from gateway.tokens import count_prompt_tokens, requested_max_tokens
@@ -108,6 +110,8 @@ class Gateway:
         pause_refresh_s: float = 1.0,
         pause_retry_after_s: int = 30,
         clock: Callable[[], float] = time.time,
+        replicas: ReplicaRegistry | None = None,
+        share_interval_s: float = 1.0,
     ) -> None:
         self.aliases = aliases
         self.engine = engine
@@ -131,6 +135,12 @@ class Gateway:
         self._pause_task: asyncio.Task[None] | None = None
         self._provider_keys: dict[str, SecretStr] = {}
         self._settling: set[asyncio.Task[None]] = set()
+        # with other replicas serving the same aliases, each paces at its share of the budgets
+        self.replicas = (
+            None
+            if replicas is None
+            else ReplicaSync(pacer, replicas, aliases.names(), interval_s=share_interval_s)
+        )
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._openai, methods=["POST"]),
@@ -146,6 +156,8 @@ class Gateway:
         # The transport itself, not an AsyncClient: a proxy needs no cookie jar, redirects or
         # auth flows, and skipping them saves CPU on every call (the timeout goes on each
         # request). Tests hand in their own transport.
+        if self.replicas is not None:
+            await self.replicas.start()  # first: without its share, nothing may be paced
         self._upstream = self._transport or httpx.AsyncHTTPTransport(
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200)
         )
@@ -159,6 +171,8 @@ class Gateway:
         if self._pause_task is not None:
             self._pause_task.cancel()
             await asyncio.gather(self._pause_task, return_exceptions=True)
+        if self.replicas is not None:
+            await self.replicas.stop()
         await self.drain()
         await self.settler.close()
         await self.recorder.close()

@@ -9,6 +9,11 @@ from the core. A caller cancelled while queued is removed from the queue; one ca
 after admission is released (nothing leaks).
 
 ``set_budgets`` applies new budgets live (``PrefectPacer`` uses it after each sync).
+
+Where several gateway replicas serve an alias, each paces at its share of the budgets
+(``set_share``, from ``gateway.replica_sync``): rates, depths, in-flight tokens and the
+provider's stated remaining alike. ``demand`` is what the share is split by: the calls that
+reached the alias's pacer over the last ``DEMAND_WINDOW_S``, and those waiting.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import itertools
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -34,6 +40,8 @@ log = logging.getLogger(__name__)
 # the gateway's own cache-counting verdict stands this long against the planner's pushed belief
 # (the planner adopts it at its next tick, 15 s; a planner that does not leaves it to lapse)
 VERDICT_HOLD_S = 120.0
+# a replica's demand counts the calls that reached its pacer this long ago at most
+DEMAND_WINDOW_S = 10.0
 
 
 def token_class(alias: Alias) -> TokenClass:
@@ -61,6 +69,26 @@ class _AliasPacer:
     task: asyncio.Task[None] | None = None
     failure: str | None = None
     recounted_at: float | None = None  # the gateway's own cache-counting verdict (its clock)
+    share: float = 1.0  # of the alias's budgets, among the gateway replicas that serve it
+    arrivals: deque[float] = field(default_factory=deque)  # when calls reached it (its clock)
+
+    def apply(self, now: float) -> None:
+        """Pace at the provisional budgets, times this replica's share."""
+        self.core.set_budgets(scaled(self.provisional.budgets(), self.share), now)
+        self.changed.set()
+
+
+def scaled(budgets: Budgets, share: float) -> Budgets:
+    """Every budget times ``share`` (a replica's part of the alias's)."""
+    if share == 1.0:
+        return budgets
+    output = budgets.output_tokens_per_s
+    return Budgets(
+        calls_per_s=budgets.calls_per_s * share,
+        tokens_per_s=budgets.tokens_per_s * share,
+        output_tokens_per_s=None if output is None else output * share,
+        inflight_tokens=budgets.inflight_tokens * share,
+    )
 
 
 class InProcessPacer:
@@ -103,8 +131,31 @@ class InProcessPacer:
             pacer.task = None
 
     def budgets(self, alias: str) -> Budgets:
-        """What the alias paces at now (a provisional cut included)."""
+        """What this gateway paces the alias at now (a provisional cut and its replica share
+        included)."""
         return self._pacer(alias).core.budgets
+
+    def share(self, alias: str) -> float:
+        """This gateway's share of the alias's budgets (1: its only gateway)."""
+        return self._pacer(alias).share
+
+    def set_share(self, alias: str, share: float) -> None:
+        """Pace the alias at ``share`` of its budgets from now (``gateway.replica_sync``)."""
+        if not (0.0 < share <= 1.0 and math.isfinite(share)):
+            raise ValueError(f"alias {alias}: a replica's share must be in (0, 1], got {share}")
+        pacer = self._pacer(alias)
+        if abs(share - pacer.share) > 1e-9:
+            pacer.share = share
+            pacer.apply(self._clock())
+
+    def demand(self, alias: str) -> float:
+        """The calls that reached the alias's pacer over the last ``DEMAND_WINDOW_S``, and
+        those waiting in it: what this gateway's harnesses ask of the alias."""
+        pacer = self._pacer(alias)
+        cutoff = self._clock() - DEMAND_WINDOW_S
+        while pacer.arrivals and pacer.arrivals[0] < cutoff:
+            pacer.arrivals.popleft()
+        return float(len(pacer.arrivals) + len(pacer.waiters))
 
     def pushed_budgets(self, alias: str) -> Budgets:
         """The alias's budgets as last set (the planner's, without provisional cuts)."""
@@ -120,9 +171,8 @@ class InProcessPacer:
         pacer = self._pacer(alias)
         now = self._clock()
         pacer.provisional.settle(now, budgets)
-        pacer.core.set_budgets(pacer.provisional.budgets(), now)
+        pacer.apply(now)
         pacer.failure = None
-        pacer.changed.set()
 
     def cut_at_429(self, alias: str, view: Classification) -> None:
         """A call's first 429: the classes it hits are cut at once (and a limit it states caps
@@ -135,8 +185,7 @@ class InProcessPacer:
             now, view.limit_type, token_class(self._aliases[alias]), view.limits
         )
         if moved:
-            pacer.core.set_budgets(pacer.provisional.budgets(), now)
-            pacer.changed.set()
+            pacer.apply(now)
             log.info(
                 "alias %s: a %s 429 cut %s at once, until the planner's next budgets",
                 alias,
@@ -174,6 +223,9 @@ class InProcessPacer:
         if pacer is None or not remaining:
             return
         spec = self._aliases[alias]
+        if pacer.share != 1.0:
+            # the provider's buckets are the alias's: this replica may take its share of them
+            remaining = {limit: left * pacer.share for limit, left in remaining.items()}
         pacer.core.observe_remaining(
             header_classes(
                 remaining,
@@ -223,6 +275,9 @@ class InProcessPacer:
         if pacer.failure is not None:
             raise PacerUnavailable(pacer.failure)
         start = self._clock()
+        while pacer.arrivals and pacer.arrivals[0] < start - DEMAND_WINDOW_S:
+            pacer.arrivals.popleft()
+        pacer.arrivals.append(start)
         call_id = str(next(self._ids))
         admission = pacer.core.request(call_id, estimate, start)
         self._resolve(pacer, start)

@@ -29,8 +29,9 @@ it: building a client costs ~50 ms of CPU on the event loop (its HTTP transport 
 context), and a client per read (three per alias per sync) stalled every call the gateway was
 relaying, which set the Prefect pacer's p99 added latency at ~55 ms on a slow machine.
 
-Limits of this design: one gateway process per alias (several gateways would each pace at the
-full budget); the limits' active slots are not mirrored, so the UI shows budgets, not usage.
+Several gateway processes may serve an alias: each reads the same limits and paces at its
+share of them (``gateway.replica_sync``). The limits' active slots are not mirrored, so the UI
+shows budgets, not usage.
 """
 
 from __future__ import annotations

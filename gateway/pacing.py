@@ -66,5 +66,12 @@ class Pacer(Protocol):
         the alias's buckets for its ``hold_after_429_s`` of refill (a per-day limit's 429: every
         bucket, for its retry-after, ``planner.pacer.hold_seconds``)."""
 
+    def demand(self, alias: str) -> float:
+        """What this gateway's harnesses ask of the alias now (calls lately arrived and waiting):
+        what replicas of the gateway split the alias's budgets by (``gateway.replica_sync``)."""
+
+    def set_share(self, alias: str, share: float) -> None:
+        """Pace the alias at ``share`` (0-1] of its budgets: this replica's part of them."""
+
     async def close(self) -> None:
         """Stop background work."""

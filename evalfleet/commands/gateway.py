@@ -19,16 +19,17 @@ def gateway_group() -> None:
 @click.option("--host", default=None, help="Default: EVALFLEET_GATEWAY_HOST.")
 def serve(port: int | None, host: str | None) -> None:
     """Serve the gateway until interrupted (pacer: EVALFLEET_GATEWAY_PACER)."""
-    from gateway.factory import build_gateway
+    from gateway.factory import build_gateway, check_registry
     from gateway.serving import serve as run
 
     settings = get_settings()
+    check_registry(settings)  # a clear error now, not a traceback from the server's startup
     gateway = build_gateway(settings)
     host = host or settings.gateway_host
     port = port or settings.gateway_port
     click.echo(
         f"gateway on http://{host}:{port}; aliases: {', '.join(gateway.aliases.names())}; "
-        f"pacer: {settings.gateway_pacer}"
+        f"pacer: {settings.gateway_pacer}; budgets: {settings.gateway_budget_sharing}"
     )
     run(gateway.app, host, port)
 

@@ -1,0 +1,117 @@
+"""Two gateway replicas serving one alias, over real HTTP, sharing its budgets through Valkey.
+
+Alone, each replica paces at the alias's full budget, so two send twice it: the naive
+behaviour, measured here as the baseline. Sharing, the two together send the budget, and a
+replica whose harnesses ask for everything gets nearly all of it rather than half."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import httpx
+import pytest
+from sqlalchemy import Engine
+
+from gateway.app import Gateway
+from gateway.keys import MemoryKeyStore, ProviderAdminKeyMinter
+from gateway.pacer_local import InProcessPacer
+from gateway.provider_sim.profile import DEFAULT_PROFILE
+from gateway.provider_sim.server import ProviderSim
+from gateway.replicas import ValkeyRegistry
+from gateway.serving import ServerThread
+from planner.replica_shares import RESERVE
+from tests.gateway.gw_helpers import ADMIN_KEY, Stack, fast_aliases, sim_profile
+
+BUDGET = 5.0  # the alias's calls/s
+BODY = {"model": "sim-openai", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+WARMUP_S = 1.5  # buckets drained and shares settled before counting
+WINDOW_S = 4.0
+
+
+@pytest.fixture
+def replicas(gw_engine: Engine, redis_url: str) -> Iterator[object]:
+    """``start(sharing)``: a provider sim and two gateways on loopback; returns their URLs and
+    a gateway key valid on both."""
+    with ExitStack() as stack:
+
+        def start(sharing: bool) -> tuple[list[str], str]:
+            profile = sim_profile(openai={**DEFAULT_PROFILE["openai"], "rpm": 60_000.0})
+            sim = ProviderSim(profile, ADMIN_KEY)
+            sim_url = stack.enter_context(ServerThread(sim.app))
+            # a bucket one second deep, stated or not: what is counted is the rate
+            aliases = fast_aliases(sim_url, calls_per_s=BUDGET, stated_burst_s=1.0)
+            store = MemoryKeyStore()
+            urls, gateways = [], []
+            for name in ("a", "b"):
+                gateway = Gateway(
+                    aliases=aliases,
+                    engine=gw_engine,
+                    store=store,
+                    pacer=InProcessPacer(aliases),
+                    max_retry_wait_s=0.0,
+                    replicas=ValkeyRegistry(redis_url, name, ttl_s=2.0) if sharing else None,
+                    share_interval_s=0.2,
+                )
+                gateways.append(gateway)
+                urls.append(stack.enter_context(ServerThread(gateway.app)))
+            keys = Stack(
+                sim=sim,
+                sim_url=sim_url,
+                gateway=gateways[0],
+                url=urls[0],
+                engine=gw_engine,
+                minter=ProviderAdminKeyMinter(sim_url, ADMIN_KEY),
+                store=store,
+            ).new_run()
+            return urls, keys.gateway_key.get_secret_value()
+
+        yield start
+
+
+async def _load(urls: list[str], secret: str, workers: dict[str, int]) -> dict[str, int]:
+    """Keep ``workers[url]`` calls in flight at each gateway; count the 200s answered within
+    the window after the warm-up, per gateway."""
+    start = time.monotonic()
+    counted = {url: 0 for url in urls}
+    headers = {"authorization": f"Bearer {secret}"}
+
+    async def worker(client: httpx.AsyncClient, url: str) -> None:
+        while time.monotonic() - start < WARMUP_S + WINDOW_S:
+            r = await client.post(url + "/v1/chat/completions", json=BODY, headers=headers)
+            assert r.status_code == 200, r.text
+            if WARMUP_S <= time.monotonic() - start < WARMUP_S + WINDOW_S:
+                counted[url] += 1
+
+    async with httpx.AsyncClient(timeout=30) as client:
+        await asyncio.gather(
+            *(worker(client, url) for url in urls for _ in range(workers.get(url, 0)))
+        )
+    return counted
+
+
+def test_alone_two_replicas_send_twice_the_budget_sharing_they_send_it(
+    replicas: object,
+) -> None:
+    start = replicas  # the fixture's factory
+    # naive: each replica paces at the whole budget
+    urls, secret = start(sharing=False)  # type: ignore[operator]
+    alone = asyncio.run(_load(urls, secret, {urls[0]: 8, urls[1]: 8}))
+    assert sum(alone.values()) >= 1.6 * BUDGET * WINDOW_S, alone
+    # shared: together they send the budget, split about evenly by equal demand
+    urls, secret = start(sharing=True)  # type: ignore[operator]
+    shared = asyncio.run(_load(urls, secret, {urls[0]: 8, urls[1]: 8}))
+    total = sum(shared.values())
+    assert 0.75 * BUDGET * WINDOW_S <= total <= 1.25 * BUDGET * WINDOW_S, shared
+    assert min(shared.values()) >= 0.25 * total, shared
+
+
+def test_a_replica_with_all_the_demand_gets_nearly_all_the_budget(replicas: object) -> None:
+    urls, secret = replicas(sharing=True)  # type: ignore[operator]
+    counted = asyncio.run(_load(urls, secret, {urls[0]: 8}))
+    # its share is 1 - RESERVE/2 of the budget, not half of it
+    expected = (1 - RESERVE / 2) * BUDGET * WINDOW_S
+    assert 0.75 * expected <= counted[urls[0]] <= 1.25 * expected, counted
+    assert counted[urls[1]] == 0
