@@ -212,7 +212,13 @@ class Gateway:
             log.error("reading the gateway pause flag failed: %s", type(exc).__name__)
 
     async def _health(self, _request: Request) -> Response:
-        return JSONResponse({"ok": True, "paused": self._paused})
+        """Liveness, the pause flag, and this replica's share of each alias's budgets (1.0
+        everywhere for a gateway that is its aliases' only one)."""
+        shares = {name: self.pacer.share(name) for name in self.aliases.names()}
+        replica = None if self.replicas is None else self.replicas.registry.replica_id
+        return JSONResponse(
+            {"ok": True, "paused": self._paused, "replica": replica, "shares": shares}
+        )
 
     # ------------------------------------------------------------------ entry points
 

@@ -70,6 +70,9 @@ class Pacer(Protocol):
         """What this gateway's harnesses ask of the alias now (calls lately arrived and waiting):
         what replicas of the gateway split the alias's budgets by (``gateway.replica_sync``)."""
 
+    def share(self, alias: str) -> float:
+        """This gateway's share of the alias's budgets (1: it is the alias's only gateway)."""
+
     def set_share(self, alias: str, share: float) -> None:
         """Pace the alias at ``share`` (0-1] of its budgets: this replica's part of them."""
 

@@ -111,6 +111,10 @@ def test_alone_two_replicas_send_twice_the_budget_sharing_they_send_it(
 def test_a_replica_with_all_the_demand_gets_nearly_all_the_budget(replicas: object) -> None:
     urls, secret = replicas(sharing=True)  # type: ignore[operator]
     counted = asyncio.run(_load(urls, secret, {urls[0]: 8}))
+    # each replica says on /health what share it paces at
+    busy, idle = (httpx.get(url + "/health", timeout=5).json() for url in urls)
+    assert (busy["replica"], idle["replica"]) == ("a", "b")
+    assert busy["shares"]["sim-openai"] > 0.9 and idle["shares"]["sim-openai"] < 0.1
     # its share is 1 - RESERVE/2 of the budget, not half of it
     expected = (1 - RESERVE / 2) * BUDGET * WINDOW_S
     assert 0.75 * expected <= counted[urls[0]] <= 1.25 * expected, counted
