@@ -120,9 +120,9 @@ class Gateway:
         self.pacer = pacer
         self.max_retry_wait_s = max_retry_wait_s
         self.recorder = CallRecorder(self.sessions)
-        self.book = CallBook(self.recorder, clock)
+        self.book = CallBook(self.recorder, clock, vouches=self.alone)
         self.sends = SendLog()  # what went upstream: a token 429 judged at once (gateway.feedback)
-        self.feedback = ProviderFeedback(pacer, self.sends, clock)
+        self.feedback = ProviderFeedback(pacer, self.sends, clock, alone=self.alone)
         self.spend = SpendStore(engine)
         self.settler = Settler(self.spend)
         self._transport = transport
@@ -210,6 +210,11 @@ class Gateway:
             self._paused = await asyncio.to_thread(read)
         except SQLAlchemyError as exc:
             log.error("reading the gateway pause flag failed: %s", type(exc).__name__)
+
+    def alone(self, alias: str) -> bool:
+        """Whether this gateway is the alias's only one: what it sent is all the provider's
+        buckets saw, and its calls in flight are all the alias's."""
+        return self.pacer.share(alias) >= 1.0
 
     async def _health(self, _request: Request) -> Response:
         """Liveness, the pause flag, and this replica's share of each alias's budgets (1.0

@@ -80,9 +80,17 @@ class CallBook:
     """The gateway's memory of instances (bounded: the oldest are forgotten) and its records of
     their calls."""
 
-    def __init__(self, recorder: CallRecorder, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        recorder: CallRecorder,
+        clock: Callable[[], float],
+        vouches: Callable[[str], bool] = lambda _alias: True,
+    ) -> None:
         self._recorder = recorder
         self._clock = clock
+        # whether this gateway's calls in flight are all of an alias's: with other replicas
+        # serving it, its word that every call before a time is recorded would be wrong
+        self._vouches = vouches
         self._first_seen: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._last_input: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._rejected: OrderedDict[tuple[str, str], bytes] = OrderedDict()
@@ -247,7 +255,11 @@ class CallBook:
                 ),
                 last_limit_type=limit_type.value if limited else None,
                 last_limited_at=now if limited else None,
-                complete_before=self.complete_before(call.alias.name, now),
+                complete_before=(
+                    self.complete_before(call.alias.name, now)
+                    if self._vouches(call.alias.name)
+                    else None
+                ),
                 answered_sent_at=sent_at,
                 throttle_limits=(
                     {str(k): float(v) for k, v in limits.items()} if limited and limits else {}

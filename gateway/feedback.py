@@ -16,7 +16,10 @@ retry or return.
   - a bucket the 429 says nothing of is held (``planner.pacer_holds`` decides which);
   - a token 429 is judged against what was sent since a reading shortly before it: where the
     bucket emptied by more than the uncached tokens sent, the provider counts cache reads and
-    the pacer starts counting them (``planner.cache_counting``).
+    the pacer starts counting them (``planner.cache_counting``). Only a gateway that is the
+    alias's only one judges so: where replicas share the alias (``gateway.replica_sync``), the
+    others' sends drained the bucket too, and a replica that knows only its own would read them
+    as cache reads counted. The planner's tick judges the same 429 from every replica's rows.
 """
 
 from __future__ import annotations
@@ -39,10 +42,17 @@ log = logging.getLogger(__name__)
 class ProviderFeedback:
     """Turns provider answers into pacer updates for the aliases one gateway serves."""
 
-    def __init__(self, pacer: Pacer, sends: SendLog, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        pacer: Pacer,
+        sends: SendLog,
+        clock: Callable[[], float],
+        alone: Callable[[str], bool] = lambda _alias: True,
+    ) -> None:
         self.pacer = pacer
         self.sends = sends
         self._clock = clock
+        self._alone = alone  # whether this gateway sends everything the alias's buckets see
 
     def served(self, call: Call, upstream: httpx.Response, sent_at: float) -> None:
         """A 200: mirror the buckets its headers state, and keep the reading in the send log."""
@@ -69,7 +79,7 @@ class ProviderFeedback:
         alias = call.alias.name
         if verdict.limit_type not in (LimitType.TOKENS, LimitType.INPUT_TOKENS):
             return False
-        if self.pacer.cached_input_counts(alias):
+        if self.pacer.cached_input_counts(alias) or not self._alone(alias):
             return False
         window = self.sends.window_at(
             alias, sent_at, verdict.limits, verdict.remaining, token_class(call.alias)
