@@ -286,3 +286,18 @@ def test_gateway_serve_refuses_to_start_without_its_valkey(
     assert code == 2
     assert "EVALFLEET_VALKEY_URL" in err and "cannot reach it" in err
     assert "hunter2" not in err and "Traceback" not in err
+
+
+def test_the_factory_builds_the_registry_the_settings_name(redis_url: str) -> None:
+    from gateway.factory import replica_registry
+
+    assert replica_registry(load_settings()) is None  # solo: no registry, no Valkey needed
+    settings = load_settings(valkey_url=redis_url, gateway_budget_sharing="valkey")
+    check_registry(settings)  # reachable: no error
+    first, second = replica_registry(settings), replica_registry(settings)
+    assert isinstance(first, ValkeyRegistry) and isinstance(second, ValkeyRegistry)
+    assert first.replica_id != second.replica_id  # unique per start unless named
+    named = replica_registry(settings.model_copy(update={"gateway_replica_id": "gw-1"}))
+    assert named is not None and named.replica_id == "gw-1"
+    for registry in (first, second, named):
+        asyncio.run(registry.close())
