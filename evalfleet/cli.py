@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "evalfleet.commands.bench_compare",
     "evalfleet.commands.bench_trace",
     "evalfleet.commands.bench_gateway",
+    "evalfleet.commands.bench_replicas",
     "evalfleet.commands.bench_dispatch",
     "evalfleet.commands.curves",
     "evalfleet.commands.provider_sim",

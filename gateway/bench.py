@@ -56,7 +56,7 @@ class BenchOptions:
     duration_s: float = 5.0
 
 
-def _aliases_doc(sim_url: str) -> dict[str, Any]:
+def aliases_doc(sim_url: str) -> dict[str, Any]:
     return {
         "aliases": [
             {
@@ -82,7 +82,7 @@ def _aliases_doc(sim_url: str) -> dict[str, Any]:
     }
 
 
-def _serve_sim(port: int, admin_key: str) -> None:
+def serve_sim(port: int, admin_key: str) -> None:
     from gateway.provider_sim.profile import DEFAULT_PROFILE, profile_from
     from gateway.provider_sim.server import ProviderSim
     from gateway.serving import serve
@@ -107,7 +107,7 @@ def _serve_gateway(port: int, overrides: dict[str, Any], prefect_api_url: str) -
         serve(build_gateway(load_settings(**overrides)).app, "127.0.0.1", port)
 
 
-def _wait_healthy(url: str, what: str, proc: Any, timeout_s: float = 90.0) -> None:
+def wait_healthy(url: str, what: str, proc: Any, timeout_s: float = 90.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         with contextlib.suppress(httpx.HTTPError):
@@ -120,7 +120,7 @@ def _wait_healthy(url: str, what: str, proc: Any, timeout_s: float = 90.0) -> No
 
 
 @contextlib.contextmanager
-def _pg_database(admin_url: str, prefix: str) -> Iterator[str]:
+def pg_database(admin_url: str, prefix: str) -> Iterator[str]:
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     admin = make_url(admin_url).set(drivername="postgresql").render_as_string(hide_password=False)
     try:
@@ -141,7 +141,7 @@ def _prefect_server(admin_url: str) -> Iterator[str]:
     from evalfleet.embedded import prefect_server
 
     with (
-        _pg_database(admin_url, "evalfleet_bench_prefect") as db,
+        pg_database(admin_url, "evalfleet_bench_prefect") as db,
         prefect_server(
             make_url(admin_url).set(database=db),
             inherit_environment=False,
@@ -150,6 +150,66 @@ def _prefect_server(admin_url: str) -> Iterator[str]:
         ) as server,
     ):
         yield server.api_url
+
+
+def bench_ledger(stack: contextlib.ExitStack, pg_admin_url: str, prefix: str) -> tuple[str, Any]:
+    """A migrated throwaway ledger on PostgreSQL for the stack's life: (URL, session factory)."""
+    from ledger.db import make_engine, session_factory
+    from ledger.migrate import upgrade
+
+    db = stack.enter_context(pg_database(pg_admin_url, prefix))
+    url = (
+        make_url(pg_admin_url)
+        .set(drivername="postgresql+psycopg", database=db)
+        .render_as_string(hide_password=False)
+    )
+    upgrade(url)
+    engine = make_engine(url)
+    stack.callback(engine.dispose)
+    return url, session_factory(engine)
+
+
+def start_sim(stack: contextlib.ExitStack, ctx: Any, admin_key: str) -> str:
+    """The provider sim in its own process for the stack's life; its URL once healthy."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    sim = ctx.Process(target=serve_sim, args=(port, admin_key), daemon=True)
+    sim.start()
+    stack.callback(stop_process, sim)
+    wait_healthy(url + "/health", "the provider sim", sim)
+    return url
+
+
+def bench_run_keys(sessions: Any, name: str, minter: Any, store: Any) -> tuple[str, Any]:
+    """A running run of the bench alias with its keys minted as launch mints them: (run id,
+    ``RunKeys``); the spend cap is far above anything a bench spends."""
+    from gateway.keys import mint_run_keys
+    from ledger.models import Run
+
+    run_id = str(uuid.uuid4())
+    with sessions.begin() as session:
+        session.add(
+            Run(
+                id=run_id,
+                name=name,
+                harness="bench",
+                alias=BENCH_ALIAS,
+                state="running",
+                spend_cap_micro_usd=10**12,
+                max_attempts=1,
+                config={},
+            )
+        )
+    keys = mint_run_keys(
+        sessions,
+        run_id=run_id,
+        spend_cap_micro_usd=10**12,
+        minter=minter,
+        store=store,
+        now=datetime.now(UTC),
+        ttl_s=3600,
+    )
+    return run_id, keys
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -225,71 +285,25 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     """Run the benchmark; returns ``{"pacers": {...}, "direct_ms_p50": .., ...}``."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from gateway.keys import (
-        PrefectSecretKeyStore,
-        ProviderAdminKeyMinter,
-        mint_run_keys,
-        revoke_run_keys,
-    )
-    from ledger.db import make_engine, session_factory
-    from ledger.migrate import upgrade
-    from ledger.models import Run
+    from gateway.keys import PrefectSecretKeyStore, ProviderAdminKeyMinter, revoke_run_keys
 
     ctx = multiprocessing.get_context("spawn")
     admin_key = "bench-admin-" + uuid.uuid4().hex
     results: dict[str, Any] = {"pacers": {}}
     with contextlib.ExitStack() as stack:
-        ledger_db = stack.enter_context(
-            _pg_database(options.pg_admin_url, "evalfleet_bench_ledger")
-        )
-        ledger_url = (
-            make_url(options.pg_admin_url)
-            .set(drivername="postgresql+psycopg", database=ledger_db)
-            .render_as_string(hide_password=False)
-        )
-        upgrade(ledger_url)
+        ledger_url, sessions = bench_ledger(stack, options.pg_admin_url, "evalfleet_bench_ledger")
         prefect_url = options.prefect_api_url or stack.enter_context(
             _prefect_server(options.pg_admin_url)
         )
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: prefect_url}))
-        sim_port = free_port()
-        sim_url = f"http://127.0.0.1:{sim_port}"
-        sim = ctx.Process(target=_serve_sim, args=(sim_port, admin_key), daemon=True)
-        sim.start()
-        stack.callback(_stop, sim)
-        _wait_healthy(sim_url + "/health", "the provider sim", sim)
+        sim_url = start_sim(stack, ctx, admin_key)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="evalfleet-bench-")))
         aliases_file = workdir / "aliases.json"
-        aliases_file.write_text(json.dumps(_aliases_doc(sim_url)))
-        engine = make_engine(ledger_url)
-        stack.callback(engine.dispose)
-        sessions = session_factory(engine)
+        aliases_file.write_text(json.dumps(aliases_doc(sim_url)))
         minter = ProviderAdminKeyMinter(sim_url, SecretStr(admin_key))
         store = PrefectSecretKeyStore()
         for pacer in ("inprocess", "prefect"):
-            run_id = str(uuid.uuid4())
-            with sessions.begin() as session:
-                session.add(
-                    Run(
-                        id=run_id,
-                        name=f"bench-{pacer}",
-                        harness="bench",
-                        alias=BENCH_ALIAS,
-                        state="running",
-                        spend_cap_micro_usd=10**12,
-                        max_attempts=1,
-                        config={},
-                    )
-                )
-            keys = mint_run_keys(
-                sessions,
-                run_id=run_id,
-                spend_cap_micro_usd=10**12,
-                minter=minter,
-                store=store,
-                now=datetime.now(UTC),
-                ttl_s=3600,
-            )
+            run_id, keys = bench_run_keys(sessions, f"bench-{pacer}", minter, store)
             stack.callback(
                 revoke_run_keys, sessions, run_id, minter=minter, store=store, now=datetime.now(UTC)
             )
@@ -310,7 +324,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
             gw.start()
             try:
                 gw_url = f"http://127.0.0.1:{port}"
-                _wait_healthy(gw_url + "/health", f"the gateway ({pacer} pacer)", gw)
+                wait_healthy(gw_url + "/health", f"the gateway ({pacer} pacer)", gw)
                 gw_headers = {"authorization": f"Bearer {keys.gateway_key.get_secret_value()}"}
                 direct_headers = {"authorization": f"Bearer {provider_key.get_secret_value()}"}
                 path = "/v1/chat/completions"
@@ -327,7 +341,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
                 )
                 cpu_ms_per_call = 1000 * (_cpu_seconds(gw.pid) - cpu_before) / max(1, done)
             finally:
-                _stop(gw)
+                stop_process(gw)
             results["pacers"][pacer] = {
                 "overhead_ms_p50": round(
                     1000 * (_percentile(via, 0.5) - _percentile(direct, 0.5)), 2
@@ -346,7 +360,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     return results
 
 
-def _stop(proc: Any) -> None:
+def stop_process(proc: Any) -> None:
     if proc.is_alive():
         proc.terminate()
         proc.join(timeout=10)

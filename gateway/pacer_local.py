@@ -12,8 +12,9 @@ after admission is released (nothing leaks).
 
 Where several gateway replicas serve an alias, each paces at its share of the budgets
 (``set_share``, from ``gateway.replica_sync``): rates, depths, in-flight tokens and the
-provider's stated remaining alike. ``demand`` is what the share is split by: the calls that
-reached the alias's pacer over the last ``DEMAND_WINDOW_S``, and those waiting.
+provider's stated remaining alike. ``demand`` is what the share is split by: how many of the
+alias's calls are in this gateway on average, waiting at the pacer or admitted and not yet
+settled (``planner.replica_shares``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import itertools
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -34,14 +34,13 @@ from planner.budgets import Budgets, TokenClass, header_classes
 from planner.classify import Classification, LimitType
 from planner.pacer import EVERY_BUCKET, PacerCore, classes_to_hold, hold_seconds
 from planner.provisional_cut import ProvisionalCuts
+from planner.replica_shares import PresenceAverage
 
 log = logging.getLogger(__name__)
 
 # the gateway's own cache-counting verdict stands this long against the planner's pushed belief
 # (the planner adopts it at its next tick, 15 s; a planner that does not leaves it to lapse)
 VERDICT_HOLD_S = 120.0
-# a replica's demand counts the calls that reached its pacer this long ago at most
-DEMAND_WINDOW_S = 10.0
 
 
 def token_class(alias: Alias) -> TokenClass:
@@ -70,7 +69,9 @@ class _AliasPacer:
     failure: str | None = None
     recounted_at: float | None = None  # the gateway's own cache-counting verdict (its clock)
     share: float = 1.0  # of the alias's budgets, among the gateway replicas that serve it
-    arrivals: deque[float] = field(default_factory=deque)  # when calls reached it (its clock)
+    # the calls present (waiting or admitted, not settled), averaged: the replica's demand
+    # (starting at 0 at any time: the average of a count that was 0 is 0)
+    presence: PresenceAverage = field(default_factory=lambda: PresenceAverage(0.0))
 
     def apply(self, now: float) -> None:
         """Pace at the provisional budgets, times this replica's share."""
@@ -149,13 +150,9 @@ class InProcessPacer:
             pacer.apply(self._clock())
 
     def demand(self, alias: str) -> float:
-        """The calls that reached the alias's pacer over the last ``DEMAND_WINDOW_S``, and
-        those waiting in it: what this gateway's harnesses ask of the alias."""
-        pacer = self._pacer(alias)
-        cutoff = self._clock() - DEMAND_WINDOW_S
-        while pacer.arrivals and pacer.arrivals[0] < cutoff:
-            pacer.arrivals.popleft()
-        return float(len(pacer.arrivals) + len(pacer.waiters))
+        """How many of the alias's calls were in this gateway on average lately (waiting at the
+        pacer or admitted and not yet settled): what its harnesses ask of the alias."""
+        return self._pacer(alias).presence.average(self._clock())
 
     def pushed_budgets(self, alias: str) -> Budgets:
         """The alias's budgets as last set (the planner's, without provisional cuts)."""
@@ -275,9 +272,7 @@ class InProcessPacer:
         if pacer.failure is not None:
             raise PacerUnavailable(pacer.failure)
         start = self._clock()
-        while pacer.arrivals and pacer.arrivals[0] < start - DEMAND_WINDOW_S:
-            pacer.arrivals.popleft()
-        pacer.arrivals.append(start)
+        pacer.presence.step(+1, start)  # until settled, or until it stops waiting
         call_id = str(next(self._ids))
         admission = pacer.core.request(call_id, estimate, start)
         self._resolve(pacer, start)
@@ -291,16 +286,21 @@ class InProcessPacer:
         except asyncio.CancelledError:
             pacer.waiters.pop(call_id, None)
             now = self._clock()
+            pacer.presence.step(-1, now)
             if not pacer.core.cancel(call_id, now):
                 with contextlib.suppress(KeyError):
                     pacer.core.release(call_id, None, now)
                 pacer.changed.set()
+            raise
+        except BaseException:
+            pacer.presence.step(-1, self._clock())  # refused (the alias's pacer failed)
             raise
         return Permit(alias=alias, call_id=call_id, estimate=estimate, waited_s=admitted_at - start)
 
     async def settle(self, permit: Permit, usage: CallUsage | None) -> None:
         pacer = self._pacer(permit.alias)
         now = self._clock()
+        pacer.presence.step(-1, now)
         pacer.core.release(permit.call_id, usage, now)
         self._resolve(pacer, now)
         pacer.changed.set()
@@ -318,5 +318,9 @@ class InProcessPacer:
             ready = pacer.core.next_ready_at(now)
             pacer.changed.clear()
             timeout = None if ready is None or math.isinf(ready) else max(0.0, ready - now)
+            # ``asyncio.timeout``, not ``wait_for``: on 3.11 a ``wait_for`` whose event is set
+            # as the task is cancelled swallows the cancellation, and ``close`` then waited
+            # for a loop that went on (a release's ``changed.set()`` just before a shutdown)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(pacer.changed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await pacer.changed.wait()

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from planner.replica_shares import RESERVE, replica_share
+from planner.replica_shares import RESERVE, PresenceAverage, replica_share
 
 
 @pytest.mark.parametrize(
@@ -61,3 +61,19 @@ def test_a_demand_that_is_not_a_count_is_refused(bad: float) -> None:
 def test_the_reserve_must_be_a_share(reserve: float) -> None:
     with pytest.raises(ValueError, match="reserve"):
         replica_share("a", {"a": 1.0}, reserve=reserve)
+
+
+def test_presence_averages_a_step_count_over_time() -> None:
+    avg = PresenceAverage(now=0.0, tau_s=5.0)
+    avg.step(+4, 0.0)
+    assert avg.average(0.0) == 0.0
+    assert avg.average(5.0) == pytest.approx(4 * (1 - math.exp(-1)))
+    assert avg.average(100.0) == pytest.approx(4.0)
+    avg.step(-4, 100.0)
+    assert avg.average(105.0) == pytest.approx(4 * math.exp(-1))
+    avg.step(-3, 105.0)  # never below zero
+    assert avg.present == 0
+    # a clock that goes back changes nothing
+    assert avg.average(50.0) == avg.average(105.0)
+    with pytest.raises(ValueError, match="tau_s"):
+        PresenceAverage(now=0.0, tau_s=0.0)

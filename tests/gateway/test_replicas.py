@@ -6,6 +6,7 @@ scaled), its demand, the exchange loop, and the settings that switch it on."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping
 
 import pytest
@@ -15,7 +16,7 @@ from evalfleet.errors import ServiceUnavailable
 from evalfleet.settings import SettingsError, load_settings
 from gateway.aliases import load_aliases
 from gateway.factory import check_registry
-from gateway.pacer_local import DEMAND_WINDOW_S, InProcessPacer
+from gateway.pacer_local import InProcessPacer
 from gateway.replica_sync import ReplicaSync
 from gateway.replicas import (
     MemoryRegistry,
@@ -27,7 +28,7 @@ from gateway.replicas import (
 from planner.budgets import Budgets
 from planner.classify import LimitType
 from planner.pacer import CallEstimate
-from planner.replica_shares import RESERVE
+from planner.replica_shares import DEMAND_TAU_S, RESERVE
 from tests.conftest import free_port
 
 ALIASES = load_aliases(None, provider_sim_url="http://127.0.0.1:9")
@@ -160,28 +161,39 @@ def test_a_replica_takes_its_share_of_what_the_provider_says_is_left() -> None:
     assert half.levels(ALIAS)["tokens"] == pytest.approx(500.0)
 
 
-def test_demand_is_the_calls_lately_arrived_and_waiting() -> None:
+def test_demand_is_the_average_number_of_calls_present() -> None:
+    """Waiting at the pacer or admitted and not settled, a call is present; demand is their
+    time-weighted average (``planner.replica_shares.PresenceAverage``)."""
     clock = _Clock()
     pacer = InProcessPacer(ALIASES, clock=clock)
     pacer.set_budgets(
         ALIAS,
         Budgets(calls_per_s=0.1, tokens_per_s=1e6, output_tokens_per_s=None, inflight_tokens=1e9),
     )
+    long = 10 * DEMAND_TAU_S
 
     async def scenario() -> None:
         await pacer.start()
         try:
-            estimate = CallEstimate(input_uncached=10)
-            waiting = [asyncio.create_task(pacer.acquire(ALIAS, estimate)) for _ in range(3)]
+            first = await pacer.acquire(ALIAS, CallEstimate(input_uncached=10))  # admitted
+            waiting = [
+                asyncio.create_task(pacer.acquire(ALIAS, CallEstimate(input_uncached=10)))
+                for _ in range(2)
+            ]
             await asyncio.sleep(0.05)
-            admitted = sum(t.done() for t in waiting)
-            # three arrived; those not admitted also wait
-            assert pacer.demand(ALIAS) == 3 + (3 - admitted)
+            assert pacer.demand(ALIAS) == pytest.approx(0.0)  # no time has passed
+            clock.now += long
+            assert pacer.demand(ALIAS) == pytest.approx(3.0, abs=1e-3)
+            await pacer.settle(first, None)
             for task in waiting:
-                task.cancel()
-            await asyncio.gather(*waiting, return_exceptions=True)
-            clock.now += DEMAND_WINDOW_S + 1.0
-            assert pacer.demand(ALIAS) == 0.0
+                task.cancel()  # one was admitted at once: it is settled below
+            for outcome in await asyncio.gather(*waiting, return_exceptions=True):
+                if not isinstance(outcome, BaseException):
+                    await pacer.settle(outcome, None)
+            clock.now += DEMAND_TAU_S  # one time constant later: e^-1 of the way back
+            assert pacer.demand(ALIAS) == pytest.approx(3.0 * math.exp(-1.0), rel=1e-3)
+            clock.now += long
+            assert pacer.demand(ALIAS) == pytest.approx(0.0, abs=1e-3)
         finally:
             await pacer.close()
 
@@ -221,8 +233,9 @@ def test_shares_follow_demand_and_a_leaving_replica_hands_its_share_back() -> No
 
     async def scenario() -> None:
         for _ in range(5):
-            # queued calls are demand: they arrive at the busy replica only
+            # calls present (admitted, not settled) are demand: at the busy replica only
             await busy.acquire(ALIAS, CallEstimate(input_uncached=1))
+        clock.now += 10 * DEMAND_TAU_S
         await busy_sync.exchange()
         await idle_sync.exchange()
         await busy_sync.exchange()

@@ -1,0 +1,66 @@
+"""`evalfleet bench replicas`: gateway processes alone and sharing through the real Valkey; it
+leaves no replica behind in Valkey and no database behind in PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import psycopg
+import pytest
+import redis
+
+from evalfleet.settings import PROJECT_ROOT, child_environment
+from gateway.bench import BENCH_ALIAS
+from gateway.replicas import replicas_key
+from planner.replica_shares import RESERVE
+from tests.conftest import PG_ADMIN_URL
+
+
+def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "evalfleet.cli", "bench", "replicas", *args],
+        cwd=PROJECT_ROOT,
+        env=child_environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _databases() -> set[str]:
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
+        rows = conn.execute("SELECT datname FROM pg_database").fetchall()
+    return {r[0] for r in rows if str(r[0]).startswith("evalfleet_bench_replicas")}
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_bench_replicas_measures_both_modes(redis_url: str) -> None:
+    before = _databases()
+    done = bench(
+        "--json", "--pg-admin-url", PG_ADMIN_URL, "--valkey-url", redis_url,
+        "--budget", "30", "--workers", "9", "--workers", "3", "--warmup", "2", "--duration", "4",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout)
+    solo, shared = figures["modes"]["solo"], figures["modes"]["valkey"]
+    assert solo["ratio_to_budget"] >= 1.6, solo
+    assert 0.8 <= shared["ratio_to_budget"] <= 1.2, shared
+    busy = shared["replicas"][0]
+    expected = (1 - RESERVE) * busy["demand_share"] + RESERVE / 2
+    assert abs(busy["throughput_share"] - expected) <= 0.12, shared
+    # the replicas left Valkey as they stopped; the throwaway ledger was dropped
+    client = redis.Redis.from_url(redis_url)
+    assert client.zcard(replicas_key(BENCH_ALIAS)) == 0
+    client.close()
+    assert _databases() == before
+
+
+def test_bench_replicas_refuses_bad_options() -> None:
+    done = bench("--budget", "0", timeout=60)
+    assert done.returncode == 2
+    assert "--budget" in done.stderr and "Traceback" not in done.stderr
