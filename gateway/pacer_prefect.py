@@ -257,7 +257,9 @@ class PrefectPacer(InProcessPacer):
                 )
                 log.error("alias %s: a Prefect limit is missing; admitting nothing", alias.name)
                 continue
-            if budgets != self.budgets(alias.name) or self._pacer(alias.name).failure:
+            # against what was last set: what it paces at differs by a provisional cut (kept
+            # by a push that does not move its class) and by a replica's share
+            if budgets != self.pushed_budgets(alias.name) or self._pacer(alias.name).failure:
                 self.set_budgets(alias.name, budgets)
             core = self._pacer(alias.name).core
             counts = await read_counting(alias, self._client)

@@ -219,6 +219,24 @@ def test_prefect_limits_are_the_source_of_truth(prefect_api: str) -> None:
                 while pacer.budgets(alias).calls_per_s != pytest.approx(moved.calls_per_s):
                     assert time.monotonic() < deadline, "the planner's budgets never arrived"
                     await asyncio.sleep(0.05)
+                # Another replica serves the alias (gateway.replica_sync): this one paces at its
+                # share of the Prefect limits; syncs keep the share, a push arrives scaled by it
+                pacer.set_share(alias, 0.5)
+                assert pacer.budgets(alias).calls_per_s == pytest.approx(moved.calls_per_s / 2)
+                syncs = pacer.syncs
+                deadline = time.monotonic() + 3
+                while pacer.syncs < syncs + 2:
+                    assert time.monotonic() < deadline, "the pacer stopped syncing"
+                    await asyncio.sleep(0.05)
+                assert pacer.budgets(alias).calls_per_s == pytest.approx(moved.calls_per_s / 2)
+                await push_budgets(aliases.get(alias), replace(moved, calls_per_s=8.0))
+                deadline = time.monotonic() + 3
+                while pacer.budgets(alias).calls_per_s != pytest.approx(4.0):
+                    assert time.monotonic() < deadline, "the push never arrived, halved"
+                    await asyncio.sleep(0.05)
+                assert pacer.pushed_budgets(alias).calls_per_s == 8.0
+                pacer.set_share(alias, 1.0)
+                assert pacer.budgets(alias).calls_per_s == 8.0
                 # The planner's queue order (no instance left, narrow durations): an
                 # output-bound queue goes in arrival order within a sync, and back.
                 assert core.old_tasks_first is True
