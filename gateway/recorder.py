@@ -22,6 +22,7 @@ from sqlalchemy import insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from ledger.clock import as_utc
 from ledger.models import (
     ANSWERED_SENT_AT_KEY,
     COMPLETE_BEFORE_KEY,
@@ -99,6 +100,12 @@ class _Throttle:
         reading = ThrottleReading.from_json(stored.get(THROTTLE_READING_KEY))
         return cls(row.last_limit_type, row.last_limited_at, limits, reading)
 
+    def later_than(self, limited_at: datetime | None) -> bool:
+        """This 429 came after ``limited_at`` (None: no 429 at all)."""
+        if self.limited_at is None:
+            return False
+        return limited_at is None or as_utc(self.limited_at) > as_utc(limited_at)
+
     def carry_into(self, obs: Observation) -> None:
         obs.last_limit_type, obs.last_limited_at = self.limit_type, self.limited_at
         obs.throttle_limits = dict(self.limits)
@@ -173,11 +180,14 @@ class CallRecorder:
             if rows:
                 session.execute(insert(LlmCall), rows)
             for obs in observations:
-                if obs.last_limit_type is None and obs.alias not in self._throttles:
-                    # the first write of this alias since start: a 429 before a restart sticks
-                    # too (setdefault: a 429 observed meanwhile on the event loop wins)
-                    stored = _Throttle.stored(session.get(AliasObservation, obs.alias))
-                    self._throttles.setdefault(obs.alias, stored).carry_into(obs)
+                stored = _Throttle.stored(session.get(AliasObservation, obs.alias))
+                if stored.later_than(obs.last_limited_at):
+                    # the row holds a later 429 than this gateway has seen: one before a
+                    # restart, or another replica's (gateway.replica_sync); it sticks. A
+                    # gateway that has seen none carries it from now on (setdefault: a 429
+                    # observed meanwhile on the event loop wins)
+                    stored.carry_into(obs)
+                    self._throttles.setdefault(obs.alias, stored)
                 limits = dict(obs.limits or parsed_limits(obs))
                 if obs.throttle_limits:
                     limits[THROTTLE_LIMITS_KEY] = obs.throttle_limits

@@ -11,10 +11,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, delete, insert
+from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.orm import sessionmaker
 
 from ledger import pacer_state
+from ledger.clock import as_utc
 from ledger.models import (
     ANSWERED_SENT_AT_KEY,
     COMPLETE_BEFORE_KEY,
@@ -287,3 +288,55 @@ def test_the_gateway_keeps_a_storms_first_429_through_the_storm_and_later_succes
     later = first + timedelta(seconds=181)
     restarted.observe(throttle(later))
     assert kept(restarted) == later.timestamp()
+
+
+def test_a_replicas_success_does_not_overwrite_another_replicas_later_429(
+    plan_ledger: Engine,
+) -> None:
+    """Two gateway replicas write the alias's one observation row. Replica B's 429, which
+    states a limit no success's headers carry, must survive replica A's later successes,
+    however old A's own last 429 is: the latest 429 wins the row."""
+    from gateway.recorder import CallRecorder, Observation
+
+    def observation(at: datetime, limited: bool) -> Observation:
+        return Observation(
+            alias=ALIAS,
+            observed_at=at,
+            status=429 if limited else 200,
+            headers={},
+            limits={"limits": {"input_tokens": LIMIT}, "remaining": {"input_tokens": 9e5}},
+            last_limit_type="output_tokens" if limited else None,
+            last_limited_at=at if limited else None,
+            throttle_limits={"output_tokens": 4242.0} if limited else {},
+        )
+
+    def row() -> tuple[str | None, datetime | None, object]:
+        with plan_ledger.connect() as conn:
+            found = conn.execute(
+                select(
+                    AliasObservation.last_limit_type,
+                    AliasObservation.last_limited_at,
+                    AliasObservation.limits,
+                ).where(AliasObservation.alias == ALIAS)
+            ).one()
+        limits = found[2] if isinstance(found[2], dict) else {}
+        return found[0], found[1], limits.get(THROTTLE_LIMITS_KEY)
+
+    a = CallRecorder(sessionmaker(plan_ledger))
+    b = CallRecorder(sessionmaker(plan_ledger))
+    early, late = T0 - timedelta(seconds=300), T0 - timedelta(seconds=30)
+    a.observe(observation(early, limited=True))  # A's own 429, long ago
+    asyncio.run(a.flush())
+    b.observe(observation(late, limited=True))  # B's, later
+    asyncio.run(b.flush())
+    for k in range(3):
+        a.observe(observation(T0 + timedelta(seconds=k), limited=False))
+        asyncio.run(a.flush())
+        limit_type, limited_at, stated = row()
+        assert limit_type == "output_tokens"
+        assert limited_at is not None and as_utc(limited_at) == late
+        assert stated == {"output_tokens": 4242.0}
+    # A's own next 429 is the latest: it wins
+    a.observe(observation(T0 + timedelta(seconds=10), limited=True))
+    asyncio.run(a.flush())
+    assert as_utc(row()[1]) == T0 + timedelta(seconds=10)  # type: ignore[arg-type]
