@@ -458,10 +458,6 @@ class Gateway:
                 self._provider_keys[run_id] = key
         return key
 
-    def forget_run(self, run_id: str) -> None:
-        """Drop a run's cached provider key (after its keys were revoked)."""
-        self._provider_keys.pop(run_id, None)
-
     def _settle_now(self, call: Call, settled_cost: int) -> None:
         """Settle pacer and spend for a call, once (in a tracked background task)."""
         self._settle_later(call, settled_cost)
