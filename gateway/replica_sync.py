@@ -36,16 +36,13 @@ class ReplicaSync:
         aliases: Sequence[str],
         *,
         interval_s: float = 1.0,
-        source: str = "EVALFLEET_VALKEY_URL",
     ) -> None:
         self.pacer = pacer
         self.registry = registry
         self.aliases = list(aliases)
         self.interval_s = interval_s
-        self._source = source
         self._task: asyncio.Task[None] | None = None
         self._failing = False
-        self.exchanges = 0
 
     async def start(self) -> None:
         try:
@@ -53,7 +50,7 @@ class ReplicaSync:
         except RegistryUnavailable as exc:
             await self.registry.close()
             raise ServiceUnavailable(
-                self._source,
+                "EVALFLEET_VALKEY_URL",
                 "the gateway shares its aliases' budgets with its other replicas through it "
                 f"and cannot reach it ({exc})",
             ) from None
@@ -66,7 +63,6 @@ class ReplicaSync:
         for alias in self.aliases:
             share = replica_share(self.registry.replica_id, everyone.get(alias, {}))
             self.pacer.set_share(alias, share)
-        self.exchanges += 1
 
     async def _loop(self) -> None:
         while True:
