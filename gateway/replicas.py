@@ -2,10 +2,9 @@
 
 A replica reports, every ``share_interval_s``, its demand per alias (``planner.replica_shares``
 says what that is and how the split follows from it) and reads back every live replica's.
-Three implementations, chosen by ``EVALFLEET_GATEWAY_BUDGET_SHARING``:
+With ``EVALFLEET_GATEWAY_BUDGET_SHARING=solo`` (the default) there is no registry: the gateway
+is each alias's only one and paces at the full budgets. Otherwise:
 
-* ``SoloRegistry`` (``solo``, the default): this process is the alias's only gateway and
-  paces at its full budgets; no service is needed.
 * ``ValkeyRegistry`` (``valkey``): replicas meet in Valkey/Redis (``EVALFLEET_VALKEY_URL``).
   Per alias a sorted set of replicas scored by their last report, and a hash of their demands;
   one Lua script per report reaps replicas silent for ``replica_ttl_s``, writes this one's
@@ -32,7 +31,6 @@ __all__ = [
     "MemoryRegistry",
     "RegistryUnavailable",
     "ReplicaRegistry",
-    "SoloRegistry",
     "ValkeyRegistry",
     "demand_key",
     "replicas_key",
@@ -57,22 +55,6 @@ class ReplicaRegistry(Protocol):
 
     async def close(self) -> None:
         """Release connections."""
-
-
-class SoloRegistry:
-    """One gateway per alias: every alias's demand is this replica's alone."""
-
-    def __init__(self, replica_id: str = "solo") -> None:
-        self.replica_id = replica_id
-
-    async def exchange(self, demands: Mapping[str, float]) -> dict[str, dict[str, float]]:
-        return {alias: {self.replica_id: demand} for alias, demand in demands.items()}
-
-    async def leave(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
 
 class MemoryRegistry:
