@@ -139,8 +139,16 @@ class Gateway:
         self.replicas = (
             None
             if replicas is None
-            else ReplicaSync(pacer, replicas, aliases.names(), interval_s=share_interval_s)
+            else ReplicaSync(
+                pacer,
+                replicas,
+                aliases.names(),
+                interval_s=share_interval_s,
+                on_peer_429=self.feedback.peer_rejected,
+            )
         )
+        if self.replicas is not None:
+            self.feedback.on_first_429 = self.replicas.report_429
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._openai, methods=["POST"]),

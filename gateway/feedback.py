@@ -20,6 +20,9 @@ retry or return.
     alias's only one judges so: where replicas share the alias (``gateway.replica_sync``), the
     others' sends drained the bucket too, and a replica that knows only its own would read them
     as cache reads counted. The planner's tick judges the same 429 from every replica's rows.
+- Where replicas share the alias, a call's first 429 is also news for the others
+  (``on_first_429``: ``gateway.replica_sync`` posts it), and another replica's is applied here
+  as one of this gateway's own would be (``peer_rejected``): the cut, the mirror, the hold.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class ProviderFeedback:
         self.sends = sends
         self._clock = clock
         self._alone = alone  # whether this gateway sends everything the alias's buckets see
+        # told of every call's first 429 of a per-minute or per-day limit (the replicas' post)
+        self.on_first_429: Callable[[str, Classification], None] = lambda _alias, _view: None
 
     def served(self, call: Call, upstream: httpx.Response, sent_at: float) -> None:
         """A 200: mirror the buckets its headers state, and keep the reading in the send log."""
@@ -99,7 +104,17 @@ class ProviderFeedback:
     def rejected(self, call: Call, verdict: Classification) -> None:
         """A 429/529/503: cut, mirror and hold as the verdict says."""
         alias = call.alias.name
-        if verdict.status == 429 and not call.retry:
+        first = verdict.status == 429 and not call.retry
+        self._apply(alias, verdict, first=first)
+        if first and (verdict.is_throttle or verdict.limit_type is LimitType.DAILY):
+            self.on_first_429(alias, verdict)
+
+    def peer_rejected(self, alias: str, verdict: Classification) -> None:
+        """Another replica's first 429 on the alias: its bucket is this one's too."""
+        self._apply(alias, verdict, first=verdict.status == 429)
+
+    def _apply(self, alias: str, verdict: Classification, *, first: bool) -> None:
+        if first:
             # a call's first 429: cut what it hit at once, not at the planner's next tick
             # (planner.provisional_cut); a retry's repeats its first one's evidence
             self.pacer.cut_at_429(alias, verdict)

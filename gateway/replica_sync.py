@@ -8,22 +8,35 @@ the alias, so it does not start (the error names ``EVALFLEET_VALKEY_URL``). Late
 the last shares and are logged once per outage: a replica that loses the registry goes on at its
 last known part of the budgets, neither stalling its harnesses nor taking the whole budget. On
 ``stop`` it leaves the registry, so the other replicas take its share at their next exchange.
+
+It also carries 429s between replicas. A call's first 429 at this replica (``report_429``) is
+posted at once (the loop wakes for it), and each exchange hands the ones the other replicas
+posted to ``on_peer_429``, which cuts and holds this replica's pacer as a 429 of its own would
+(``gateway.feedback.ProviderFeedback.peer_rejected``). Without it a replica whose share had
+not drawn the 429 went on at its full share into the bucket another had found empty, until
+its own 429s or the planner's next tick (up to 15 s). Readings that cannot be posted in an
+outage are dropped: by the time the registry is back, they are no longer news.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from evalfleet.errors import ServiceUnavailable
 from gateway.pacing import Pacer
-from gateway.replicas import RegistryUnavailable, ReplicaRegistry
+from gateway.replicas import PeerThrottle, RegistryUnavailable, ReplicaRegistry
+from planner.classify import Classification, LimitType
 from planner.replica_shares import replica_share
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReplicaSync"]
+__all__ = ["POST_GATHER_S", "ReplicaSync"]
+
+#: how long a 429 to post waits for others of the same storm before the loop posts them together
+POST_GATHER_S = 0.05
 
 
 class ReplicaSync:
@@ -36,13 +49,25 @@ class ReplicaSync:
         aliases: Sequence[str],
         *,
         interval_s: float = 1.0,
+        on_peer_429: Callable[[str, Classification], None] = lambda _alias, _view: None,
     ) -> None:
         self.pacer = pacer
         self.registry = registry
         self.aliases = list(aliases)
         self.interval_s = interval_s
+        self._on_peer_429 = on_peer_429
+        # per alias, the latest first-429 reading of each limit type since the last post: a
+        # storm's many say the same, and the peers' cut is once per cooldown anyway
+        self._outbox: dict[str, dict[LimitType, PeerThrottle]] = {a: {} for a in self.aliases}
+        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+
+    def report_429(self, alias: str, view: Classification) -> None:
+        """A call's first 429 at this replica: post it to the others at once."""
+        if alias in self._outbox:
+            self._outbox[alias][view.limit_type] = PeerThrottle.of(view)
+            self._wake.set()
 
     async def start(self) -> None:
         try:
@@ -58,6 +83,14 @@ class ReplicaSync:
 
     async def exchange(self) -> None:
         """One report and read; sets every alias's share. Raises ``RegistryUnavailable``."""
+        outbox, self._outbox = self._outbox, {alias: {} for alias in self.aliases}
+        self._wake.clear()
+        news = await self.registry.swap_throttles(
+            {alias: list(readings.values()) for alias, readings in outbox.items()}
+        )
+        for alias, readings in news.items():
+            for reading in readings:
+                self._on_peer_429(alias, reading.classification())
         demands = {alias: self.pacer.demand(alias) for alias in self.aliases}
         everyone = await self.registry.exchange(demands)
         for alias in self.aliases:
@@ -66,7 +99,11 @@ class ReplicaSync:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            # the interval, or sooner when this replica has a 429 to post
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
+                    await asyncio.sleep(POST_GATHER_S)  # a storm's first 429s in one post
             try:
                 await self.exchange()
             except RegistryUnavailable as exc:

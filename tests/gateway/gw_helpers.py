@@ -4,6 +4,7 @@ that one ``ADMIN_KEY`` exists however pytest imports the conftest)."""
 from __future__ import annotations
 
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -14,8 +15,11 @@ from sqlalchemy import Engine
 from gateway.aliases import Aliases, load_aliases
 from gateway.app import Gateway
 from gateway.keys import MemoryKeyStore, ProviderAdminKeyMinter, RunKeys, mint_run_keys
+from gateway.pacer_local import InProcessPacer
 from gateway.provider_sim.profile import DEFAULT_PROFILE, profile_from
 from gateway.provider_sim.server import ProviderSim
+from gateway.replicas import ValkeyRegistry
+from gateway.serving import ServerThread
 from ledger.db import session_factory
 from ledger.models import Run
 
@@ -85,3 +89,57 @@ class Stack:
             now=datetime.now(UTC),
             ttl_s=3600,
         )
+
+
+@dataclass
+class Replicas:
+    """Gateways serving one alias on loopback in front of one provider sim: their pacers, URLs
+    and a gateway key valid on all of them."""
+
+    gateways: list[Gateway]
+    pacers: list[InProcessPacer]
+    urls: list[str]
+    secret: str
+
+
+def start_replicas(
+    stack: ExitStack,
+    engine: Engine,
+    *,
+    names: tuple[str, ...],
+    valkey_url: str | None,
+    sim_rpm: float,
+    **pacer: float,
+) -> Replicas:
+    """A provider sim allowing ``sim_rpm`` calls a minute (OpenAI flavour) and one gateway per
+    name, sharing the alias's budgets (``pacer``) through Valkey when ``valkey_url`` is given,
+    each pacing alone when it is None; served until ``stack`` closes."""
+    sim = ProviderSim(sim_profile(openai={**DEFAULT_PROFILE["openai"], "rpm": sim_rpm}), ADMIN_KEY)
+    sim_url = stack.enter_context(ServerThread(sim.app))
+    aliases = fast_aliases(sim_url, **pacer)
+    store = MemoryKeyStore()
+    gateways, pacers, urls = [], [], []
+    for name in names:
+        local = InProcessPacer(aliases)
+        gateway = Gateway(
+            aliases=aliases,
+            engine=engine,
+            store=store,
+            pacer=local,
+            max_retry_wait_s=0.0,
+            replicas=None if valkey_url is None else ValkeyRegistry(valkey_url, name, ttl_s=2.0),
+            share_interval_s=0.2,
+        )
+        gateways.append(gateway)
+        pacers.append(local)
+        urls.append(stack.enter_context(ServerThread(gateway.app)))
+    keys = Stack(
+        sim=sim,
+        sim_url=sim_url,
+        gateway=gateways[0],
+        url=urls[0],
+        engine=engine,
+        minter=ProviderAdminKeyMinter(sim_url, ADMIN_KEY),
+        store=store,
+    ).new_run()
+    return Replicas(gateways, pacers, urls, keys.gateway_key.get_secret_value())

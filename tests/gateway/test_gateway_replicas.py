@@ -16,15 +16,8 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from gateway.app import Gateway
-from gateway.keys import MemoryKeyStore, ProviderAdminKeyMinter
-from gateway.pacer_local import InProcessPacer
-from gateway.provider_sim.profile import DEFAULT_PROFILE
-from gateway.provider_sim.server import ProviderSim
-from gateway.replicas import ValkeyRegistry
-from gateway.serving import ServerThread
 from planner.replica_shares import RESERVE
-from tests.gateway.gw_helpers import ADMIN_KEY, Stack, fast_aliases, sim_profile
+from tests.gateway.gw_helpers import start_replicas
 
 BUDGET = 5.0  # the alias's calls/s
 BODY = {"model": "sim-openai", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -39,35 +32,17 @@ def replicas(gw_engine: Engine, redis_url: str) -> Iterator[object]:
     with ExitStack() as stack:
 
         def start(sharing: bool) -> tuple[list[str], str]:
-            profile = sim_profile(openai={**DEFAULT_PROFILE["openai"], "rpm": 60_000.0})
-            sim = ProviderSim(profile, ADMIN_KEY)
-            sim_url = stack.enter_context(ServerThread(sim.app))
             # a bucket one second deep, stated or not: what is counted is the rate
-            aliases = fast_aliases(sim_url, calls_per_s=BUDGET, stated_burst_s=1.0)
-            store = MemoryKeyStore()
-            urls, gateways = [], []
-            for name in ("a", "b"):
-                gateway = Gateway(
-                    aliases=aliases,
-                    engine=gw_engine,
-                    store=store,
-                    pacer=InProcessPacer(aliases),
-                    max_retry_wait_s=0.0,
-                    replicas=ValkeyRegistry(redis_url, name, ttl_s=2.0) if sharing else None,
-                    share_interval_s=0.2,
-                )
-                gateways.append(gateway)
-                urls.append(stack.enter_context(ServerThread(gateway.app)))
-            keys = Stack(
-                sim=sim,
-                sim_url=sim_url,
-                gateway=gateways[0],
-                url=urls[0],
-                engine=gw_engine,
-                minter=ProviderAdminKeyMinter(sim_url, ADMIN_KEY),
-                store=store,
-            ).new_run()
-            return urls, keys.gateway_key.get_secret_value()
+            started = start_replicas(
+                stack,
+                gw_engine,
+                names=("a", "b"),
+                valkey_url=redis_url if sharing else None,
+                sim_rpm=60_000.0,
+                calls_per_s=BUDGET,
+                stated_burst_s=1.0,
+            )
+            return started.urls, started.secret
 
         yield start
 

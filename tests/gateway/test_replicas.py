@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pytest
 import redis
@@ -20,6 +20,7 @@ from gateway.pacer_local import InProcessPacer
 from gateway.replica_sync import ReplicaSync
 from gateway.replicas import (
     MemoryRegistry,
+    PeerThrottle,
     RegistryUnavailable,
     ValkeyRegistry,
     demand_key,
@@ -215,6 +216,13 @@ class _Flaky:
         if self.down:
             raise RegistryUnavailable("Valkey: ConnectionError: down")
         return await self.inner.exchange(demands)  # type: ignore[attr-defined,no-any-return]
+
+    async def swap_throttles(
+        self, posted: Mapping[str, Sequence[PeerThrottle]]
+    ) -> dict[str, list[PeerThrottle]]:
+        if self.down:
+            raise RegistryUnavailable("Valkey: ConnectionError: down")
+        return await self.inner.swap_throttles(posted)  # type: ignore[attr-defined,no-any-return]
 
     async def leave(self) -> None:
         await self.inner.leave()  # type: ignore[attr-defined]
