@@ -255,7 +255,9 @@ if since ~= '' then
   for _, entry in ipairs(entries) do
     local id, fields = entry[1], entry[2]
     local ms = tonumber(string.match(id, '^(%d+)'))
-    if fields[2] ~= ARGV[1] and ms >= now - tonumber(ARGV[3]) then
+    -- only entries shaped as this script writes them: r <replica> v <reading>
+    local shaped = #fields == 4 and fields[1] == 'r' and fields[3] == 'v'
+    if shaped and fields[2] ~= ARGV[1] and ms >= now - tonumber(ARGV[3]) then
       table.insert(news, fields[2])
       table.insert(news, fields[4])
     end

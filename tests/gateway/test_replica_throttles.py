@@ -99,6 +99,8 @@ def test_valkey_hands_each_replica_the_others_429s_once(redis_url: str) -> None:
             await _protocol(a, b, lambda: asyncio.sleep(0.5))
             # an entry no replica of this version wrote is skipped, not fatal
             client.xadd(throttles_key(ALIAS), {"r": "c", "v": '{"status": "soon"}'})
+            client.xadd(throttles_key(ALIAS), {"v": "no replica"})
+            client.xadd(throttles_key(ALIAS), {"r": "c", "v": "{}", "x": "1"})
             await a.swap_throttles({ALIAS: [REQUESTS]})
             assert await b.swap_throttles({ALIAS: []}) == {ALIAS: [REQUESTS]}
         finally:
