@@ -225,6 +225,12 @@ class Settings(BaseSettings):
         description="Seconds between a gateway replica's reports of its demand (and re-reads "
         "of its share of the budgets) when budgets are shared.",
     )
+    gateway_share_429s: bool = Field(
+        default=True,
+        description="With budgets shared through Valkey, post each call's first 429 to the "
+        "other replicas and cut and hold as theirs say (off: a replica learns only from its "
+        "own 429s and the planner's tick).",
+    )
     gateway_replica_ttl_s: float = Field(
         default=10.0,
         ge=1.0,

@@ -112,6 +112,7 @@ class Gateway:
         clock: Callable[[], float] = time.time,
         replicas: ReplicaRegistry | None = None,
         share_interval_s: float = 1.0,
+        share_429s: bool = True,
     ) -> None:
         self.aliases = aliases
         self.engine = engine
@@ -136,19 +137,14 @@ class Gateway:
         self._provider_keys: dict[str, SecretStr] = {}
         self._settling: set[asyncio.Task[None]] = set()
         # with other replicas serving the same aliases, each paces at its share of the budgets
-        self.replicas = (
-            None
-            if replicas is None
-            else ReplicaSync(
-                pacer,
-                replicas,
-                aliases.names(),
-                interval_s=share_interval_s,
-                on_peer_429=self.feedback.peer_rejected,
+        self.replicas: ReplicaSync | None = None
+        if replicas is not None:
+            self.replicas = ReplicaSync(
+                pacer, replicas, aliases.names(), interval_s=share_interval_s
             )
-        )
-        if self.replicas is not None:
-            self.feedback.on_first_429 = self.replicas.report_429
+            if share_429s:  # a 429 one replica draws cuts and holds them all
+                self.feedback.on_first_429 = self.replicas.report_429
+                self.replicas.on_peer_429 = self.feedback.peer_rejected
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._openai, methods=["POST"]),

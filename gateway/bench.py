@@ -82,16 +82,20 @@ def aliases_doc(sim_url: str) -> dict[str, Any]:
     }
 
 
-def serve_sim(port: int, admin_key: str) -> None:
+def serve_sim(port: int, admin_key: str, rpm: float | None = None) -> None:
+    """The provider sim with limits far above any bench's load, or the OpenAI flavour's
+    requests limited to ``rpm`` a minute and no rate-limit headers (the provider whose 429s
+    the gateway must learn its limit from)."""
     from gateway.provider_sim.profile import DEFAULT_PROFILE, profile_from
     from gateway.provider_sim.server import ProviderSim
     from gateway.serving import serve
 
-    big = {"rpm": 1e9, "tpm": 1e12, "input_tpm": None, "output_tpm": None}
+    big = {"rpm": rpm or 1e9, "tpm": 1e12, "input_tpm": None, "output_tpm": None}
     data = {
         **DEFAULT_PROFILE,
         "openai": {**DEFAULT_PROFILE["openai"], **big},
         "cache_prefixes": 1000,
+        "rate_limit_headers": rpm is None,
     }
     serve(ProviderSim(profile_from(data), SecretStr(admin_key)).app, "127.0.0.1", port)
 
@@ -169,11 +173,14 @@ def bench_ledger(stack: contextlib.ExitStack, pg_admin_url: str, prefix: str) ->
     return url, session_factory(engine)
 
 
-def start_sim(stack: contextlib.ExitStack, ctx: Any, admin_key: str) -> str:
-    """The provider sim in its own process for the stack's life; its URL once healthy."""
+def start_sim(
+    stack: contextlib.ExitStack, ctx: Any, admin_key: str, rpm: float | None = None
+) -> str:
+    """The provider sim (``serve_sim``) in its own process for the stack's life; its URL once
+    healthy."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    sim = ctx.Process(target=serve_sim, args=(port, admin_key), daemon=True)
+    sim = ctx.Process(target=serve_sim, args=(port, admin_key, rpm), daemon=True)
     sim.start()
     stack.callback(stop_process, sim)
     wait_healthy(url + "/health", "the provider sim", sim)

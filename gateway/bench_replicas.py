@@ -13,6 +13,12 @@ After ``warmup_s`` it counts the calls answered over ``duration_s``, per replica
   budget, each a share near ``0.9 x its demand share + 0.1 / replicas``
   (``planner.replica_shares``).
 
+With ``provider_rpm`` the provider allows fewer calls than the budget (an operator's seed set
+too high): a client answered 429 waits its retry-after (at most 5 s) and calls again, and the
+bench counts the 429s per replica. A third mode then runs, ``valkey-own-429s``: sharing, but
+with ``EVALFLEET_GATEWAY_SHARE_429S`` off, each replica learning only from its own 429s, which
+says what carrying a 429 to the other replicas saves.
+
 The provider key is minted by the provider sim's admin API and handed to each gateway process
 in memory (a spawned process's arguments travel through a pipe, not its command line).
 """
@@ -57,6 +63,7 @@ class ReplicaBenchOptions:
     workers: tuple[int, ...] = (24, 8)
     warmup_s: float = 3.0
     duration_s: float = 10.0
+    provider_rpm: float | None = None
 
 
 def _serve_replica(
@@ -72,13 +79,21 @@ def _serve_replica(
     serve(build_gateway(load_settings(**overrides), store=store).app, "127.0.0.1", port)
 
 
+#: the longest a bench client waits on a 429's retry-after before calling again
+MAX_RETRY_WAIT_S = 5.0
+
+
 async def _load(
     urls: Sequence[str], workers: Sequence[int], secret: str, warmup_s: float, duration_s: float
-) -> list[int]:
-    """Calls answered per gateway within the window after the warm-up."""
+) -> tuple[list[int], list[int]]:
+    """Per gateway, the calls answered 200 and the 429s within the window after the warm-up."""
     counted = [0] * len(urls)
+    throttled = [0] * len(urls)
     headers = {"authorization": f"Bearer {secret}"}
     start = time.monotonic()
+
+    def in_window() -> bool:
+        return warmup_s <= time.monotonic() - start < warmup_s + duration_s
 
     async def worker(client: httpx.AsyncClient, index: int, w: int) -> None:
         i = 0
@@ -89,11 +104,14 @@ async def _load(
                 "max_tokens": 8,
             }
             r = await client.post(urls[index] + "/v1/chat/completions", json=body, headers=headers)
+            i += 1
+            if r.status_code == 429:
+                throttled[index] += in_window()
+                await asyncio.sleep(_retry_after(r))
+                continue
             if r.status_code != 200:
                 raise EvalfleetError(f"bench: a call failed with HTTP {r.status_code}")
-            if warmup_s <= time.monotonic() - start < warmup_s + duration_s:
-                counted[index] += 1
-            i += 1
+            counted[index] += in_window()
 
     total = sum(workers)
     limits = httpx.Limits(max_connections=total, max_keepalive_connections=total)
@@ -101,18 +119,28 @@ async def _load(
         await asyncio.gather(
             *(worker(client, index, w) for index, n in enumerate(workers) for w in range(n))
         )
-    return counted
+    return counted, throttled
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        wait = float(response.headers.get("retry-after", "1"))
+    except ValueError:
+        wait = 1.0
+    return min(max(wait, 0.0), MAX_RETRY_WAIT_S)
 
 
 def _clear_alias(valkey_url: str) -> None:
     """Forget replicas an earlier bench left in Valkey (they would hold shares until reaped)."""
     import redis
 
-    from gateway.replicas import demand_key, replicas_key
+    from gateway.replicas import demand_key, replicas_key, throttles_key
 
     client = redis.Redis.from_url(valkey_url, socket_timeout=5, socket_connect_timeout=5)
     try:
-        client.delete(replicas_key(BENCH_ALIAS), demand_key(BENCH_ALIAS))
+        client.delete(
+            replicas_key(BENCH_ALIAS), demand_key(BENCH_ALIAS), throttles_key(BENCH_ALIAS)
+        )
     except (redis.RedisError, OSError) as exc:
         raise EvalfleetError(f"bench: Valkey does not answer: {type(exc).__name__}") from None
     finally:
@@ -120,7 +148,8 @@ def _clear_alias(valkey_url: str) -> None:
 
 
 def run_replica_bench(options: ReplicaBenchOptions) -> dict[str, Any]:
-    """Run both modes; returns ``{"budget_calls_per_s": .., "modes": {"solo": .., "valkey": ..}}``."""
+    """Run every mode; returns ``{"budget_calls_per_s": .., "modes": {"solo": .., "valkey": ..}}``
+    (and ``"valkey-own-429s"`` with ``provider_rpm``)."""
     from gateway.keys import MemoryKeyStore, ProviderAdminKeyMinter
 
     if not options.workers or min(options.workers) < 0 or sum(options.workers) == 0:
@@ -131,29 +160,37 @@ def run_replica_bench(options: ReplicaBenchOptions) -> dict[str, Any]:
         "budget_calls_per_s": options.budget_calls_per_s,
         "workers": list(options.workers),
         "duration_s": options.duration_s,
+        "provider_rpm": options.provider_rpm,
         "modes": {},
     }
+    modes = ["solo", "valkey"]
+    if options.provider_rpm is not None:
+        modes.append("valkey-own-429s")
     with contextlib.ExitStack() as stack:
         ledger_url, sessions = bench_ledger(stack, options.pg_admin_url, "evalfleet_bench_replicas")
-        sim_url = start_sim(stack, ctx, admin_key)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="evalfleet-bench-")))
-        doc = aliases_doc(sim_url)
-        pacer = doc["aliases"][0]["pacer"]
-        pacer.update(calls_per_s=options.budget_calls_per_s, burst_s=1.0, stated_burst_s=1.0)
-        aliases_file = workdir / "aliases.json"
-        aliases_file.write_text(json.dumps(doc))
-        store = MemoryKeyStore()
-        minter = ProviderAdminKeyMinter(sim_url, SecretStr(admin_key))
-        run_id, keys = bench_run_keys(sessions, "bench-replicas", minter, store)
-        provider_key = asyncio.run(store.aget(run_id))
-        assert provider_key is not None
-        for mode in ("solo", "valkey"):
-            if mode == "valkey":
-                _clear_alias(options.valkey_url)
-            stack_of = _Stack(ledger_url, aliases_file, sim_url, run_id, provider_key)
-            results["modes"][mode] = _measure(
-                ctx, options, mode, stack_of, keys.gateway_key.get_secret_value()
-            )
+        for mode in modes:
+            # a fresh provider per mode: one an earlier mode drained would start this one in debt
+            with contextlib.ExitStack() as per_mode:
+                sim_url = start_sim(per_mode, ctx, admin_key, options.provider_rpm)
+                doc = aliases_doc(sim_url)
+                pacer = doc["aliases"][0]["pacer"]
+                pacer.update(
+                    calls_per_s=options.budget_calls_per_s, burst_s=1.0, stated_burst_s=1.0
+                )
+                aliases_file = workdir / f"aliases-{mode}.json"
+                aliases_file.write_text(json.dumps(doc))
+                store = MemoryKeyStore()
+                minter = ProviderAdminKeyMinter(sim_url, SecretStr(admin_key))
+                run_id, keys = bench_run_keys(sessions, f"bench-replicas-{mode}", minter, store)
+                provider_key = asyncio.run(store.aget(run_id))
+                assert provider_key is not None
+                if mode != "solo":
+                    _clear_alias(options.valkey_url)
+                stack_of = _Stack(ledger_url, aliases_file, sim_url, run_id, provider_key)
+                results["modes"][mode] = _measure(
+                    ctx, options, mode, stack_of, keys.gateway_key.get_secret_value()
+                )
     return results
 
 
@@ -182,9 +219,10 @@ def _measure(
                 "provider_sim_url": stack.sim_url,
                 "gateway_pacer": "inprocess",
                 "gateway_max_retry_wait_s": 0.0,
-                "gateway_budget_sharing": mode,
+                "gateway_budget_sharing": "solo" if mode == "solo" else "valkey",
+                "gateway_share_429s": mode != "valkey-own-429s",
             }
-            if mode == "valkey":
+            if mode != "solo":
                 overrides["valkey_url"] = options.valkey_url
                 overrides["gateway_replica_id"] = f"bench-{index}-{uuid.uuid4().hex[:6]}"
             proc = ctx.Process(
@@ -197,7 +235,7 @@ def _measure(
             urls.append(f"http://127.0.0.1:{port}")
         for index, (url, proc) in enumerate(zip(urls, procs, strict=True)):
             wait_healthy(url + "/health", f"gateway replica {index} ({mode})", proc)
-        counted = asyncio.run(
+        counted, throttled = asyncio.run(
             _load(urls, options.workers, secret, options.warmup_s, options.duration_s)
         )
     finally:
@@ -209,13 +247,15 @@ def _measure(
     return {
         "calls_per_s": round(rate, 1),
         "ratio_to_budget": round(rate / options.budget_calls_per_s, 3),
+        "http_429": sum(throttled),
         "replicas": [
             {
                 "workers": w,
                 "demand_share": round(w / demand, 3),
                 "calls_per_s": round(c / options.duration_s, 1),
                 "throughput_share": round(c / total, 3) if total else 0.0,
+                "http_429": t,
             }
-            for w, c in zip(options.workers, counted, strict=True)
+            for w, c, t in zip(options.workers, counted, throttled, strict=True)
         ],
     }

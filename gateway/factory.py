@@ -99,5 +99,6 @@ def build_gateway(
         max_retry_wait_s=settings.gateway_max_retry_wait_s,
         replicas=replica_registry(settings),
         share_interval_s=settings.gateway_share_interval_s,
+        share_429s=settings.gateway_share_429s,
         **extra,
     )

@@ -109,11 +109,15 @@ class ProviderFeedback:
         if first and (verdict.is_throttle or verdict.limit_type is LimitType.DAILY):
             self.on_first_429(alias, verdict)
 
-    def peer_rejected(self, alias: str, verdict: Classification) -> None:
-        """Another replica's first 429 on the alias: its bucket is this one's too."""
-        self._apply(alias, verdict, first=verdict.status == 429)
+    def peer_rejected(self, alias: str, verdict: Classification, age_s: float) -> None:
+        """Another replica's first 429 on the alias, ``age_s`` old: its bucket is this one's
+        too, and the hold ends when the other replica's does (else this one, hearing late,
+        would still hold when the other, free again, draws the next 429, and hold again)."""
+        self._apply(alias, verdict, first=verdict.status == 429, elapsed_s=age_s)
 
-    def _apply(self, alias: str, verdict: Classification, *, first: bool) -> None:
+    def _apply(
+        self, alias: str, verdict: Classification, *, first: bool, elapsed_s: float = 0.0
+    ) -> None:
         if first:
             # a call's first 429: cut what it hit at once, not at the planner's next tick
             # (planner.provisional_cut); a retry's repeats its first one's evidence
@@ -123,7 +127,7 @@ class ProviderFeedback:
             self.pacer.observe_remaining(alias, verdict.remaining)
         # and a bucket it says nothing of is empty: hold it (planner.pacer.classes_to_hold
         # decides which, none for spend or overload; a per-day limit's 429 holds them all)
-        self.pacer.hold(alias, verdict)
+        self.pacer.hold(alias, verdict, elapsed_s=elapsed_s)
 
 
 __all__ = ["ProviderFeedback"]

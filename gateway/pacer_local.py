@@ -232,7 +232,9 @@ class InProcessPacer:
             self._clock(),
         )
 
-    def hold(self, alias: str, view: Classification | None = None) -> None:
+    def hold(
+        self, alias: str, view: Classification | None = None, *, elapsed_s: float = 0.0
+    ) -> None:
         pacer = self._pacers.get(alias)
         if pacer is None:
             return
@@ -250,7 +252,8 @@ class InProcessPacer:
             seconds = spec.pacer.hold_after_429_s
             if view is not None:
                 seconds = hold_seconds(view, seconds)
-            pacer.core.hold(classes, seconds, self._clock())
+            if seconds > elapsed_s:
+                pacer.core.hold(classes, seconds - elapsed_s, self._clock())
 
     def fail(self, alias: str, reason: str) -> None:
         """Stop admitting on ``alias`` (queued callers get ``PacerUnavailable``)."""

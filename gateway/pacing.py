@@ -60,11 +60,14 @@ class Pacer(Protocol):
         """A call's first 429 (not a retry's): cut the budgets it hits at once, until the
         planner's next push (``planner.provisional_cut``)."""
 
-    def hold(self, alias: str, view: Classification | None = None) -> None:
+    def hold(
+        self, alias: str, view: Classification | None = None, *, elapsed_s: float = 0.0
+    ) -> None:
         """A 429 left provider buckets empty without saying so (``view``: the 429's reading,
         see ``planner.pacer.classes_to_hold``; None: all of them): send nothing on those of
         the alias's buckets for its ``hold_after_429_s`` of refill (a per-day limit's 429: every
-        bucket, for its retry-after, ``planner.pacer.hold_seconds``)."""
+        bucket, for its retry-after, ``planner.pacer.hold_seconds``), less ``elapsed_s`` since
+        the 429 (another replica's, heard of late: every replica's hold ends together)."""
 
     def demand(self, alias: str) -> float:
         """What this gateway's harnesses ask of the alias now (calls lately arrived and waiting):

@@ -11,7 +11,8 @@ last known part of the budgets, neither stalling its harnesses nor taking the wh
 
 It also carries 429s between replicas. A call's first 429 at this replica (``report_429``) is
 posted at once (the loop wakes for it), and each exchange hands the ones the other replicas
-posted to ``on_peer_429``, which cuts and holds this replica's pacer as a 429 of its own would
+posted, with their age, to ``on_peer_429``, which cuts and holds this replica's pacer as a 429
+of its own would, the hold ending when the drawing replica's does
 (``gateway.feedback.ProviderFeedback.peer_rejected``). Without it a replica whose share had
 not drawn the 429 went on at its full share into the bucket another had found empty, until
 its own 429s or the planner's next tick (up to 15 s). Readings that cannot be posted in an
@@ -49,13 +50,13 @@ class ReplicaSync:
         aliases: Sequence[str],
         *,
         interval_s: float = 1.0,
-        on_peer_429: Callable[[str, Classification], None] = lambda _alias, _view: None,
+        on_peer_429: Callable[[str, Classification, float], None] = lambda _a, _v, _age: None,
     ) -> None:
         self.pacer = pacer
         self.registry = registry
         self.aliases = list(aliases)
         self.interval_s = interval_s
-        self._on_peer_429 = on_peer_429
+        self.on_peer_429 = on_peer_429  # applies another replica's 429 to this one's pacer
         # per alias, the latest first-429 reading of each limit type since the last post: a
         # storm's many say the same, and the peers' cut is once per cooldown anyway
         self._outbox: dict[str, dict[LimitType, PeerThrottle]] = {a: {} for a in self.aliases}
@@ -88,9 +89,9 @@ class ReplicaSync:
         news = await self.registry.swap_throttles(
             {alias: list(readings.values()) for alias, readings in outbox.items()}
         )
-        for alias, readings in news.items():
-            for reading in readings:
-                self._on_peer_429(alias, reading.classification())
+        for alias, items in news.items():
+            for item in items:
+                self.on_peer_429(alias, item.reading.classification(), item.age_s)
         demands = {alias: self.pacer.demand(alias) for alias in self.aliases}
         everyone = await self.registry.exchange(demands)
         for alias in self.aliases:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -47,6 +48,7 @@ __all__ = [
     "PeerThrottle",
     "RegistryUnavailable",
     "ReplicaRegistry",
+    "ThrottleNews",
     "ValkeyRegistry",
     "demand_key",
     "replicas_key",
@@ -104,6 +106,14 @@ class PeerThrottle(BaseModel):
             return None
 
 
+@dataclass(frozen=True, slots=True)
+class ThrottleNews:
+    """Another replica's 429 reading, ``age_s`` old by the registry's clock when read."""
+
+    reading: PeerThrottle
+    age_s: float
+
+
 class ReplicaRegistry(Protocol):
     """Where replicas report their demand per alias and read everyone's."""
 
@@ -115,7 +125,7 @@ class ReplicaRegistry(Protocol):
 
     async def swap_throttles(
         self, posted: Mapping[str, Sequence[PeerThrottle]]
-    ) -> dict[str, list[PeerThrottle]]:
+    ) -> dict[str, list[ThrottleNews]]:
         """Post this replica's 429 readings per alias; return, per alias of ``posted`` (its
         keys are every alias this replica serves), the ones the other replicas posted since
         this replica's last swap and no older than its news age (``THROTTLE_NEWS_S`` by default;
@@ -162,9 +172,9 @@ class MemoryRegistry:
 
     def _swap(
         self, replica_id: str, posted: Mapping[str, Sequence[PeerThrottle]]
-    ) -> dict[str, list[PeerThrottle]]:
+    ) -> dict[str, list[ThrottleNews]]:
         now = self._clock()
-        out: dict[str, list[PeerThrottle]] = {}
+        out: dict[str, list[ThrottleNews]] = {}
         for alias, readings in posted.items():
             stream = self._throttles.setdefault(alias, [])
             first = (alias, replica_id) not in self._read
@@ -173,7 +183,7 @@ class MemoryRegistry:
                 []
                 if first
                 else [
-                    reading
+                    ThrottleNews(reading, now - at)
                     for seq, at, who, reading in stream
                     if seq > last and who != replica_id and at >= now - self._news_s
                 ]
@@ -200,7 +210,7 @@ class _MemoryReplica:
 
     async def swap_throttles(
         self, posted: Mapping[str, Sequence[PeerThrottle]]
-    ) -> dict[str, list[PeerThrottle]]:
+    ) -> dict[str, list[ThrottleNews]]:
         return self._registry._swap(self.replica_id, posted)
 
     async def leave(self) -> None:
@@ -242,7 +252,7 @@ return redis.call('HGETALL', KEYS[2])
 
 # KEYS: throttles (stream). ARGV: replica id, the last entry id this replica read ('' at its
 # first swap: it starts from now), how old an entry may be in ms, the stream's length, ttl in ms,
-# then this replica's readings to post. Returns {the last entry id, {replica, reading, ...}}
+# then this replica's readings to post. Returns {the last entry id, {reading, age in ms, ...}}
 # for the others' entries after the one last read and no older than the age.
 _SWAP_THROTTLES = """
 local t = redis.call('TIME')
@@ -258,8 +268,8 @@ if since ~= '' then
     -- only entries shaped as this script writes them: r <replica> v <reading>
     local shaped = #fields == 4 and fields[1] == 'r' and fields[3] == 'v'
     if shaped and fields[2] ~= ARGV[1] and ms >= now - tonumber(ARGV[3]) then
-      table.insert(news, fields[2])
       table.insert(news, fields[4])
+      table.insert(news, now - ms)
     end
   end
 end
@@ -323,10 +333,10 @@ class ValkeyRegistry:
 
     async def swap_throttles(
         self, posted: Mapping[str, Sequence[PeerThrottle]]
-    ) -> dict[str, list[PeerThrottle]]:
+    ) -> dict[str, list[ThrottleNews]]:
         from redis.exceptions import RedisError
 
-        out: dict[str, list[PeerThrottle]] = {}
+        out: dict[str, list[ThrottleNews]] = {}
         try:
             for alias, readings in posted.items():
                 last_id, flat = await self._swap_script(
@@ -341,8 +351,11 @@ class ValkeyRegistry:
                     ],
                 )
                 self._last_read[alias] = _text(last_id)
-                news = (PeerThrottle.parse(flat[i + 1]) for i in range(0, len(flat) - 1, 2))
-                out[alias] = [n for n in news if n is not None]
+                out[alias] = [
+                    ThrottleNews(reading, max(0.0, float(flat[i + 1]) / 1000.0))
+                    for i in range(0, len(flat) - 1, 2)
+                    if (reading := PeerThrottle.parse(flat[i])) is not None
+                ]
         except (RedisError, OSError) as exc:
             raise RegistryUnavailable(f"Valkey: {type(exc).__name__}: {exc}") from None
         return out

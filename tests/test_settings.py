@@ -49,6 +49,8 @@ def test_every_field_has_default_description_and_bound(name: str) -> None:
         assert annotated_types.MaxLen in bounds, f"{name}: no length bound"
     elif typing.get_origin(base) is typing.Literal:
         assert typing.get_args(base), name
+    elif base is bool:
+        assert isinstance(field.default, bool), f"{name}: a switch needs a default"
     else:
         assert base is Path, f"{name}: unexpected type {base!r}; extend this test"
 

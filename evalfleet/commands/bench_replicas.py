@@ -34,6 +34,13 @@ import click
     multiple=True,
     help="Clients calling one replica back to back, once per replica (default: 24 and 8).",
 )
+@click.option(
+    "--provider-rpm",
+    type=click.FloatRange(1.0, 1e9),
+    default=None,
+    help="Limit the provider to this many calls a minute (below the budget: 429s are "
+    "counted, and a third mode shares budgets without carrying 429s between replicas).",
+)
 @click.option("--warmup", type=click.FloatRange(0.5, 60.0), default=3.0, show_default=True)
 @click.option("--duration", type=click.FloatRange(1.0, 600.0), default=10.0, show_default=True)
 def bench_replicas(
@@ -42,6 +49,7 @@ def bench_replicas(
     valkey_url: str,
     budget: float,
     workers: tuple[int, ...],
+    provider_rpm: float | None,
     warmup: float,
     duration: float,
 ) -> None:
@@ -56,21 +64,25 @@ def bench_replicas(
             workers=workers or (24, 8),
             warmup_s=warmup,
             duration_s=duration,
+            provider_rpm=provider_rpm,
         )
     )
     if as_json:
         click.echo(json.dumps(results, indent=2))
         return
-    click.echo(f"budget {budget:g} calls/s; {duration:g} s counted after {warmup:g} s")
+    limit = "" if provider_rpm is None else f"; the provider allows {provider_rpm / 60:g} calls/s"
+    click.echo(f"budget {budget:g} calls/s{limit}; {duration:g} s counted after {warmup:g} s")
     for mode, figures in results["modes"].items():
         split = ", ".join(
             f"{r['calls_per_s']:g} ({r['throughput_share']:.0%} for {r['demand_share']:.0%} "
             "of the demand)"
             for r in figures["replicas"]
         )
+        throttled = "/".join(str(r["http_429"]) for r in figures["replicas"])
         click.echo(
-            f"{mode:>7}: {figures['calls_per_s']:g} calls/s together, "
-            f"{figures['ratio_to_budget']:.2f}x the budget; per replica {split}"
+            f"{mode:>15}: {figures['calls_per_s']:g} calls/s together, "
+            f"{figures['ratio_to_budget']:.2f}x the budget; 429s {figures['http_429']} "
+            f"({throttled}); per replica {split}"
         )
 
 

@@ -64,6 +64,11 @@ class SimProfile(_Strict):
         default=100_000, ge=0, le=10_000_000, description="Prompt prefixes remembered."
     )
     seed: int = Field(default=0, ge=0)
+    rate_limit_headers: bool = Field(
+        default=True,
+        description="False: responses carry no rate-limit headers and a 429 names no limit "
+        "(as some self-hosted and proxy providers).",
+    )
 
     @model_validator(mode="after")
     def _fractions(self) -> SimProfile:

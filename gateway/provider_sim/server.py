@@ -194,6 +194,10 @@ class ProviderSim:
             return None
         return key
 
+    def _style(self, flavour: str) -> str:
+        """What the rate-limit headers and 429s look like: the flavour's, or none at all."""
+        return flavour if self.profile.rate_limit_headers else "none"
+
     async def _complete(self, request: Request, flavour: str) -> Response:
         now = self._clock()
         key = self._authenticate(request, flavour)
@@ -229,7 +233,7 @@ class ProviderSim:
         admission = limits.admit(now, charge)
         if not admission.admitted:
             self.stats["rate_limited"] += 1
-            return wire.rate_limited(flavour, admission, limits.snapshot(now), now)
+            return wire.rate_limited(self._style(flavour), admission, limits.snapshot(now), now)
         cache.add(prefixes)
         out = fake.output_tokens(self.profile, body, max_tokens)
         usage = fake.Usage(input_total=total, input_cached=cached, output=out)
@@ -241,7 +245,7 @@ class ProviderSim:
         self.stats["ok"] += 1
         assert admission.ticket is not None
         limits.settle(now, admission.ticket, out)
-        headers = wire.rate_limit_headers(flavour, limits.snapshot(now), now)
+        headers = wire.rate_limit_headers(self._style(flavour), limits.snapshot(now), now)
         delay = self.profile.latency_s + self.profile.latency_per_output_token_s * out
         model = str(body.get("model", "sim"))
         if body.get("stream"):

@@ -27,10 +27,11 @@ def _http(rendered: protocol.RenderedResponse, extra: dict[str, str] | None = No
 
 
 def rate_limited(
-    flavour: str, admission: ProviderAdmission, snap: LimitsSnapshot, now_epoch: float
+    style: str, admission: ProviderAdmission, snap: LimitsSnapshot, now_epoch: float
 ) -> Response:
-    """The 429 for a rejected admission, naming the limit that was hit."""
-    return _http(protocol.render_rejection(flavour, admission, snap, now_epoch, model="sim"))
+    """The 429 for a rejected admission, naming the limit that was hit (``style`` "none": no
+    headers, and a 429 that names nothing)."""
+    return _http(protocol.render_rejection(style, admission, snap, now_epoch, model="sim"))
 
 
 def spend_error(flavour: str, snap: LimitsSnapshot, now_epoch: float) -> Response:

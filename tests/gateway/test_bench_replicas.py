@@ -64,3 +64,24 @@ def test_bench_replicas_refuses_bad_options() -> None:
     done = bench("--budget", "0", timeout=60)
     assert done.returncode == 2
     assert "--budget" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_bench_replicas_counts_the_429s_of_a_provider_below_the_budget(redis_url: str) -> None:
+    done = bench(
+        "--json", "--pg-admin-url", PG_ADMIN_URL, "--valkey-url", redis_url,
+        "--budget", "30", "--workers", "6", "--workers", "2", "--warmup", "0.5",
+        "--duration", "9", "--provider-rpm", "60",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout)
+    assert set(figures["modes"]) == {"solo", "valkey", "valkey-own-429s"}
+    for mode, row in figures["modes"].items():
+        # a fresh provider per mode allows 60 calls a minute from a full bucket of 60: the
+        # budget of 30 calls/s empties it at once, the gateways hold (no header says for how
+        # long) and try again, and the 429s are counted
+        assert row["http_429"] >= 1, (mode, row)
+        assert row["http_429"] == sum(r["http_429"] for r in row["replicas"])
+        assert row["calls_per_s"] * figures["duration_s"] <= 60 + 10, (mode, row)

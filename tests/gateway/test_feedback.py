@@ -37,7 +37,9 @@ class _RecordingPacer:
     def observe_remaining(self, alias: str, remaining: Mapping[LimitType, float]) -> None:
         self.calls.append(("mirror", dict(remaining)))
 
-    def hold(self, alias: str, view: Classification | None = None) -> None:
+    def hold(
+        self, alias: str, view: Classification | None = None, *, elapsed_s: float = 0.0
+    ) -> None:
         self.calls.append(("hold", None if view is None else view.limit_type))
 
     def cached_input_counts(self, alias: str) -> bool:

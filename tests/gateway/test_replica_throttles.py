@@ -60,32 +60,46 @@ class _Clock:
         return self.now
 
 
+async def _swap(
+    registry: ReplicaRegistry, posted: list[PeerThrottle]
+) -> tuple[list[PeerThrottle], list[float]]:
+    """The readings the other replicas posted since the last swap, and their ages."""
+    news = (await registry.swap_throttles({ALIAS: posted}))[ALIAS]
+    return [n.reading for n in news], [n.age_s for n in news]
+
+
 async def _protocol(
-    a: ReplicaRegistry, b: ReplicaRegistry, past_news: Callable[[], Awaitable[None]]
+    a: ReplicaRegistry,
+    b: ReplicaRegistry,
+    wait: Callable[[float], Awaitable[None]],
+    news_s: float,
 ) -> None:
     # a replica's first swap starts from now: what was posted before it is not news to it
-    assert await a.swap_throttles({ALIAS: [UNKNOWN]}) == {ALIAS: []}
-    assert await b.swap_throttles({ALIAS: []}) == {ALIAS: []}
-    # a's next 429 reaches b at b's next swap, once
-    assert await a.swap_throttles({ALIAS: [REQUESTS]}) == {ALIAS: []}
-    assert await b.swap_throttles({ALIAS: [TOKENS]}) == {ALIAS: [REQUESTS]}
-    assert await b.swap_throttles({ALIAS: []}) == {ALIAS: []}
+    assert await _swap(a, [UNKNOWN]) == ([], [])
+    assert await _swap(b, []) == ([], [])
+    # a's next 429 reaches b at b's next swap, once, with its age
+    assert await _swap(a, [REQUESTS]) == ([], [])
+    await wait(news_s / 3)
+    readings, ages = await _swap(b, [TOKENS])
+    assert readings == [REQUESTS]
+    assert news_s / 3 <= ages[0] + 0.01 <= news_s
+    assert await _swap(b, []) == ([], [])
     # a hears b's, never its own
-    assert await a.swap_throttles({ALIAS: []}) == {ALIAS: [TOKENS]}
+    assert (await _swap(a, []))[0] == [TOKENS]
     # a reading older than the news age is no news (the planner's tick has acted on it)
-    assert await a.swap_throttles({ALIAS: [UNKNOWN]}) == {ALIAS: []}
-    await past_news()
-    assert await b.swap_throttles({ALIAS: []}) == {ALIAS: []}
+    assert await _swap(a, [UNKNOWN]) == ([], [])
+    await wait(news_s * 1.5)
+    assert await _swap(b, []) == ([], [])
 
 
 def test_the_memory_registry_hands_each_replica_the_others_429s_once() -> None:
     clock = _Clock()
     table = MemoryRegistry(clock, news_s=5.0)
 
-    async def past_news() -> None:
-        clock.now += 6.0
+    async def wait(seconds: float) -> None:
+        clock.now += seconds
 
-    asyncio.run(_protocol(table.replica("a"), table.replica("b"), past_news))
+    asyncio.run(_protocol(table.replica("a"), table.replica("b"), wait, news_s=5.0))
 
 
 def test_valkey_hands_each_replica_the_others_429s_once(redis_url: str) -> None:
@@ -93,16 +107,16 @@ def test_valkey_hands_each_replica_the_others_429s_once(redis_url: str) -> None:
     client.delete(throttles_key(ALIAS))
 
     async def scenario() -> None:
-        a = ValkeyRegistry(redis_url, "a", ttl_s=0.5, news_s=0.3)
-        b = ValkeyRegistry(redis_url, "b", ttl_s=0.5, news_s=0.3)
+        a = ValkeyRegistry(redis_url, "a", ttl_s=0.5, news_s=0.6)
+        b = ValkeyRegistry(redis_url, "b", ttl_s=0.5, news_s=0.6)
         try:
-            await _protocol(a, b, lambda: asyncio.sleep(0.5))
+            await _protocol(a, b, asyncio.sleep, news_s=0.6)
             # an entry no replica of this version wrote is skipped, not fatal
             client.xadd(throttles_key(ALIAS), {"r": "c", "v": '{"status": "soon"}'})
             client.xadd(throttles_key(ALIAS), {"v": "no replica"})
             client.xadd(throttles_key(ALIAS), {"r": "c", "v": "{}", "x": "1"})
             await a.swap_throttles({ALIAS: [REQUESTS]})
-            assert await b.swap_throttles({ALIAS: []}) == {ALIAS: [REQUESTS]}
+            assert (await _swap(b, []))[0] == [REQUESTS]
         finally:
             await a.close()
             await b.close()
@@ -217,6 +231,36 @@ def test_a_429_that_states_nothing_holds_every_bucket_of_the_other_replica() -> 
         assert after.calls_per_s == pytest.approx(before.calls_per_s * CUT)
         assert after.tokens_per_s == pytest.approx(before.tokens_per_s * CUT)
         assert all(level < 0.0 for level in b.levels(ALIAS).values())
+
+    asyncio.run(scenario())
+
+
+def test_a_429_heard_late_is_held_only_for_what_is_left_of_its_hold() -> None:
+    """Each replica's hold ends when the drawing replica's does: a replica that heard late and
+    held the whole time would still hold when the other, free again, draws the next 429."""
+    hold_s = ALIASES.get(ALIAS).pacer.hold_after_429_s
+    clock = _Clock()
+    table = MemoryRegistry(clock, news_s=10 * hold_s)
+    _, a_feedback, a_sync = _replica("a", table, clock)
+    b, _, b_sync = _replica("b", table, clock)
+
+    async def scenario() -> None:
+        await a_sync.exchange()
+        await b_sync.exchange()
+        a_feedback.rejected(_call(), UNKNOWN.classification())
+        await a_sync.exchange()
+        clock.now += 0.75 * hold_s  # b hears of it three quarters of the hold later
+        await b_sync.exchange()
+        owed = {name: -level / 0.25 for name, level in b.levels(ALIAS).items()}
+        # a quarter of the hold's refill is owed: every bucket's level is -rate x hold / 4
+        budgets = b.budgets(ALIAS)
+        assert owed["calls"] == pytest.approx(budgets.calls_per_s * hold_s, rel=0.05)
+        # heard after the hold is over: cut (the bucket was found empty), not held
+        a_feedback.rejected(_call(), UNKNOWN.classification())
+        await a_sync.exchange()
+        clock.now += 2 * hold_s
+        await b_sync.exchange()
+        assert all(level >= 0.0 for level in b.levels(ALIAS).values())
 
     asyncio.run(scenario())
 

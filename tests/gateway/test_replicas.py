@@ -22,6 +22,7 @@ from gateway.replicas import (
     MemoryRegistry,
     PeerThrottle,
     RegistryUnavailable,
+    ThrottleNews,
     ValkeyRegistry,
     demand_key,
     replicas_key,
@@ -219,7 +220,7 @@ class _Flaky:
 
     async def swap_throttles(
         self, posted: Mapping[str, Sequence[PeerThrottle]]
-    ) -> dict[str, list[PeerThrottle]]:
+    ) -> dict[str, list[ThrottleNews]]:
         if self.down:
             raise RegistryUnavailable("Valkey: ConnectionError: down")
         return await self.inner.swap_throttles(posted)  # type: ignore[attr-defined,no-any-return]
