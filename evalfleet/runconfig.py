@@ -23,7 +23,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -299,6 +299,10 @@ def _error(kind: str, message: str, loc: tuple[int | str, ...], value: Any) -> I
     )
 
 
+#: keys added after ``HASH_SCHEMA`` was pinned, with their defaults (``canonical_json``)
+_LATER_KEYS: dict[str, Any] = {"launch_order": "short_last"}
+
+
 class RunConfig(_Strict):
     """A validated, resolved run config. Build it with ``from_file`` or ``from_mapping``."""
 
@@ -312,6 +316,8 @@ class RunConfig(_Strict):
     # None: the deployment's default (EVALFLEET_DEFAULT_MAX_ATTEMPTS), filled in by the launcher
     max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS)
     priority: float = Field(default=1.0, gt=0, le=MAX_PRIORITY)
+    # planner.launch_order.LaunchOrder's values: which queued instance is claimed first
+    launch_order: Literal["listed", "short_last"] = "short_last"
 
     @field_validator("instances", mode="before")
     @classmethod
@@ -408,9 +414,15 @@ class RunConfig(_Strict):
         return self.model_dump(mode="json")
 
     def canonical_json(self) -> str:
-        """Key-sorted compact JSON of the resolved form: the input of ``content_hash``."""
+        """Key-sorted compact JSON of the resolved form: the input of ``content_hash``. A key
+        added since the hash was pinned (``_LATER_KEYS``) is left out at its default, so a
+        config written before it hashes as it did (its runs stay idempotent)."""
+        form = self.to_json_dict()
+        for key, default in _LATER_KEYS.items():
+            if form.get(key) == default:
+                del form[key]
         return json.dumps(
-            {"schema": HASH_SCHEMA, "config": self.to_json_dict()},
+            {"schema": HASH_SCHEMA, "config": form},
             sort_keys=True,
             separators=(",", ":"),
             ensure_ascii=False,

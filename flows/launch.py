@@ -33,7 +33,7 @@ def launch_run(
         return run_id
     try:
         keys.mint_keys(run_id, cfg.alias, cfg.caps.spend_micro_usd)
-        enqueued = launch.enqueue_run(run_id, cfg.instances)
+        enqueued = launch.enqueue_run(run_id, cfg.instances, cfg.launch_order)
     except Exception as exc:
         keys.revoke_keys(run_id)
         launch.fail_run(run_id, f"launch failed: {type(exc).__name__}: {exc}")

@@ -107,7 +107,8 @@ class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         UniqueConstraint("run_id", "instance_id", "stage"),
-        Index("ix_jobs_claim", "pool", "visible_at"),
+        # the claim's order (``ledger.queue_sql``): earliest visible, then the launch order
+        Index("ix_jobs_claim", "pool", "visible_at", "launch_rank"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -119,6 +120,9 @@ class Job(Base):
     receive_count: Mapped[int] = mapped_column(Integer, default=0)
     lease_token: Mapped[str | None] = mapped_column(String(64))
     enqueued_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    # the run's launch order (``planner.launch_order``): of jobs visible since the same moment
+    # (a run's, enqueued together), the claim takes the lowest first
+    launch_rank: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 CLIENT_CLOSED = 499

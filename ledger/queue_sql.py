@@ -21,7 +21,9 @@ _BOOTING = InstanceState.BOOTING.value
 
 
 def _claimable_jobs(now: str, *, one_run: bool = False) -> str:
-    """Visible, unleased jobs of ``:pool`` (of run ``:run_id`` only when ``one_run``)."""
+    """Visible, unleased jobs of ``:pool`` (of run ``:run_id`` only when ``one_run``), the
+    earliest visible first and, among jobs enqueued together (one ``visible_at``), in their
+    run's launch order (``jobs.launch_rank``)."""
     run_filter = " AND j.run_id = :run_id" if one_run else ""
     return f"""
     SELECT j.id FROM jobs j
@@ -31,7 +33,7 @@ def _claimable_jobs(now: str, *, one_run: bool = False) -> str:
       AND EXISTS (SELECT 1 FROM runs r WHERE r.id = j.run_id AND r.state IN ({_CLAIMABLE}))
       AND NOT EXISTS (SELECT 1 FROM pause_flags p
                       WHERE p.paused AND p.scope = 'run' AND p.target = j.run_id)
-    ORDER BY j.visible_at
+    ORDER BY j.visible_at, j.launch_rank, j.id
     LIMIT :k"""
 
 
@@ -46,7 +48,7 @@ WITH picked AS ({_claimable_jobs("now()", one_run=one_run)}
                     visible_at = now() + make_interval(secs => :vt)
     FROM picked WHERE jobs.id = picked.id
     RETURNING jobs.id, jobs.run_id, jobs.instance_id, jobs.stage, jobs.lease_token,
-              jobs.receive_count, jobs.visible_at
+              jobs.receive_count, jobs.visible_at, jobs.launch_rank
 ), booted AS (
     UPDATE instance_results ir SET state = '{_BOOTING}', lease_token = l.lease_token,
            attempt = l.receive_count, heartbeat_at = now(),
@@ -54,7 +56,8 @@ WITH picked AS ({_claimable_jobs("now()", one_run=one_run)}
     FROM leased l
     WHERE ir.run_id = l.run_id AND ir.instance_id = l.instance_id AND ir.state = '{_QUEUED}'
 )
-SELECT l.id, l.run_id, l.instance_id, l.stage, l.lease_token, l.receive_count, l.visible_at
+SELECT l.id, l.run_id, l.instance_id, l.stage, l.lease_token, l.receive_count, l.visible_at,
+       l.launch_rank
 FROM leased l, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 """
     )
@@ -73,7 +76,7 @@ UPDATE jobs SET lease_token = lower(hex(randomblob(16))),
                 receive_count = receive_count + 1,
                 visible_at = :deadline
 WHERE id IN ({_claimable_jobs(":now", one_run=one_run)})
-RETURNING id, run_id, instance_id, stage, lease_token, receive_count
+RETURNING id, run_id, instance_id, stage, lease_token, receive_count, launch_rank
 """
     )
 

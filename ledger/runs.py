@@ -106,9 +106,11 @@ def enqueue(
     *,
     pool: str = "harness",
     stage: str = "harness",
+    ranks: Mapping[str, int] | None = None,
 ) -> int:
     """Move pending instances to ``queued`` and add one visible job each, in the caller's
-    transaction. Returns the number of jobs added.
+    transaction. Returns the number of jobs added. ``ranks``: each instance's launch rank
+    (``planner.launch_order``; the claim takes the lowest first); by default the order given.
 
     Raises ConfigError for an unknown pool or stage, and NotFound when an instance is not a
     pending row of the run (the caller's transaction should then be rolled back).
@@ -147,8 +149,9 @@ def enqueue(
                 "stage": stage,
                 "pool": pool,
                 "receive_count": 0,
+                "launch_rank": ranks.get(i, index) if ranks is not None else index,
             }
-            for i in instance_ids
+            for index, i in enumerate(instance_ids)
         ],
     )
     return moved

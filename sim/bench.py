@@ -15,6 +15,7 @@ from typing import Any
 from evalfleet.errors import ConfigError
 from planner.classify import LimitType
 from sim.engine import Policy, Simulation
+from sim.forecast import launched_by_forecast
 from sim.limits import ProviderLimits
 from sim.metrics import (
     LowerBound,
@@ -102,10 +103,16 @@ def run_policy(
     return summarise(stats, scenario, workload, bound)
 
 
-def run_scenario(scenario: Scenario, policies: list[str] | None = None) -> ScenarioResult:
+def run_scenario(
+    scenario: Scenario, policies: list[str] | None = None, forecast_noise: float | None = None
+) -> ScenarioResult:
     """Run every policy (default: ``default_policies``) on the scenario; ConfigError if a
-    call of its workload can never fit a provider limit (every policy would stall)."""
+    call of its workload can never fit a provider limit (every policy would stall). With
+    ``forecast_noise``, every policy launches the instances as ``launch_order: short_last``
+    (``sim.forecast``) instead of in the workload's order."""
     workload = build_workload(scenario)
+    if forecast_noise is not None:
+        workload = launched_by_forecast(workload, forecast_noise, scenario.seed)
     never = calls_that_never_fit(scenario, workload)
     if never:
         raise ConfigError(f"scenario {scenario.name}", never)

@@ -32,6 +32,7 @@ from typing import Any
 
 from planner.classify import Classification, LimitType
 from sim.engine import FleetView, RunStats, Simulation
+from sim.forecast import launched_by_forecast
 from sim.limits import ProviderLimits
 from sim.metrics import limit_spec, lower_bound, summarise
 from sim.planner_policy import PlannerPolicy
@@ -254,9 +255,14 @@ class _TracingPlanner(PlannerPolicy):
         return ceiling
 
 
-def trace_planner(scenario: Scenario, *, tick_s: float = 15.0) -> PlannerTrace:
-    """Run the planner on ``scenario`` as the benchmark does, recording every tick."""
+def trace_planner(
+    scenario: Scenario, *, tick_s: float = 15.0, forecast_noise: float | None = None
+) -> PlannerTrace:
+    """Run the planner on ``scenario`` as the benchmark does, recording every tick (with
+    ``forecast_noise``, launched longest-forecast first, as ``sim.bench.run_scenario``)."""
     workload = build_workload(scenario)
+    if forecast_noise is not None:
+        workload = launched_by_forecast(workload, forecast_noise, scenario.seed)
     bound = lower_bound(scenario, workload)
     spec, changes = limit_spec(scenario)
     provider = ProviderLimits(spec, changes)

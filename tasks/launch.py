@@ -29,8 +29,10 @@ from evalfleet.states import RunState, check_run_transition
 from harnesses import make_evaluator, make_harness
 from ledger.clock import db_now
 from ledger.db import write_transaction
+from ledger.forecasts import instance_sizes
 from ledger.models import Run
 from ledger.runs import NewRun, create_run, enqueue
+from planner.launch_order import LaunchOrder, launch_ranks
 from tasks.ledger_io import engine
 
 MAX_REASON_CHARS = 2_000
@@ -99,19 +101,29 @@ def write_run(cfg: RunConfig, source: str | None, idempotency_key: str) -> tuple
     return run_id, True
 
 
-def enqueue_run(run_id: str, instance_ids: tuple[str, ...]) -> bool:
-    """Enqueue one job per instance and go ``launching → running``, in one transaction.
+def enqueue_run(
+    run_id: str, instance_ids: tuple[str, ...], launch_order: str = LaunchOrder.SHORT_LAST
+) -> bool:
+    """Enqueue one job per instance, in the run's launch order (``planner.launch_order``, on
+    the instances' sizes in earlier runs of its harness, ``ledger.forecasts``), and go
+    ``launching → running``, in one transaction.
 
     Returns False, enqueuing nothing, when the run is no longer ``launching`` (an operator
     aborted it meanwhile): the caller then revokes its keys and leaves it as it is.
     """
+    order = LaunchOrder(launch_order)
     with write_transaction(engine()) as conn:
-        current = conn.execute(
-            select(Run.state).where(Run.id == run_id).with_for_update()
-        ).scalar_one()
+        current, harness = conn.execute(
+            select(Run.state, Run.harness).where(Run.id == run_id).with_for_update()
+        ).one()
         if current != RunState.LAUNCHING.value:
             return False
-        enqueue(conn, run_id, instance_ids)
+        sizes = (
+            instance_sizes(conn, harness, instance_ids, excluding_run=run_id)
+            if order is LaunchOrder.SHORT_LAST
+            else {}
+        )
+        enqueue(conn, run_id, instance_ids, ranks=launch_ranks(instance_ids, sizes, order))
         check_run_transition(current, RunState.RUNNING)
         conn.execute(
             update(Run)

@@ -145,3 +145,22 @@ def _close_prefect_event_stream(request: pytest.FixtureRequest) -> Iterator[None
     worker = sys.modules.get("prefect.events.worker")
     if worker is not None:
         worker.EventsWorker.drain_all(timeout=10.0, at_exit=False)
+
+
+@pytest.fixture
+def sqlite_task_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh SQLite ledger as the tasks' (``tasks.ledger_io``, from
+    ``EVALFLEET_DATABASE_URL``), with the settings and engine caches cleared around the test."""
+    from evalfleet.settings import get_settings
+    from tasks import ledger_io
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    monkeypatch.setenv("EVALFLEET_DATABASE_URL", url)
+    get_settings.cache_clear()
+    ledger_io.engine.cache_clear()
+    ledger_io.sessions.cache_clear()
+    yield url
+    ledger_io.engine().dispose()
+    get_settings.cache_clear()
+    ledger_io.engine.cache_clear()
+    ledger_io.sessions.cache_clear()

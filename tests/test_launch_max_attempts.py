@@ -6,7 +6,6 @@ model itself reads no settings."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,18 +30,14 @@ def _config(**extra: Any) -> RunConfig:
 
 
 @pytest.fixture
-def ledger_with_default_5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def ledger_with_default_5(
+    sqlite_task_ledger: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
     """A fresh SQLite ledger, with the deployment's default max_attempts set to 5."""
-    monkeypatch.setenv("EVALFLEET_DATABASE_URL", f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
     monkeypatch.setenv("EVALFLEET_DEFAULT_MAX_ATTEMPTS", "5")
     get_settings.cache_clear()
-    ledger_io.engine.cache_clear()
-    ledger_io.sessions.cache_clear()
     yield
-    ledger_io.engine().dispose()
     get_settings.cache_clear()
-    ledger_io.engine.cache_clear()
-    ledger_io.sessions.cache_clear()
 
 
 def _stored(run_id: str) -> tuple[int, Any]:

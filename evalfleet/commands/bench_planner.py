@@ -66,25 +66,28 @@ def _format_table(
     return "\n".join(lines)
 
 
-def _simulate(job: tuple[Scenario, list[str] | None]) -> ScenarioResult | tuple[str, list[str]]:
+def _simulate(
+    job: tuple[Scenario, list[str] | None, float | None],
+) -> ScenarioResult | tuple[str, list[str]]:
     """One scenario, in a worker process of ``--jobs``: its result, or the (source, problems)
     of the ConfigError it raised (an exception whose ``__init__`` takes two arguments does not
     survive the trip back through pickle)."""
     from sim.bench import run_scenario
 
-    scenario, names = job
+    scenario, names, forecast_noise = job
     try:
-        return run_scenario(scenario, names)
+        return run_scenario(scenario, names, forecast_noise)
     except ConfigError as exc:
         return exc.source, exc.problems
 
 
 def _results(
-    loaded: list[Scenario], names: list[str] | None, jobs: int
+    loaded: list[Scenario], names: list[str] | None, jobs: int, forecast_noise: float | None
 ) -> Iterator[ScenarioResult]:
     """Each scenario's result, in the order given; with ``jobs`` > 1 simulated in that many
     processes at once (``spawned_map``)."""
-    for out in spawned_map(_simulate, [(scenario, names) for scenario in loaded], jobs):
+    work = [(scenario, names, forecast_noise) for scenario in loaded]
+    for out in spawned_map(_simulate, work, jobs):
         if isinstance(out, tuple):
             raise ConfigError(*out)
         yield out
@@ -174,6 +177,14 @@ def measure_decision_speed(live: int = 10_000, repeats: int = 50) -> dict[str, f
     help="Simulate up to N scenarios at once, one process each (default 1); same results, same order.",
 )
 @click.option(
+    "--forecast-noise",
+    type=click.FloatRange(0.0, 10.0),
+    default=None,
+    help="Launch every policy's instances in the order `launch_order: "
+    "short_last` gives: each instance's calls times log-normal noise of this sigma "
+    "(0: a perfect forecast). Default: the listed order, as a first run has it.",
+)
+@click.option(
     "--decision-speed", is_flag=True, help="Time one planner decision for 10,000 live tasks."
 )
 def bench_planner(
@@ -186,6 +197,7 @@ def bench_planner(
     random_from: int,
     seeds: tuple[int, ...],
     jobs: int,
+    forecast_noise: float | None,
     decision_speed: bool,
 ) -> None:
     """Simulate scenarios under the planner and the baselines; print the results table."""
@@ -216,7 +228,7 @@ def bench_planner(
     loaded += [random_scenario(seed) for seed in range(random_from, random_from + random_n)]
     loaded += [wide_scenario(seed) for seed in range(random_from, random_from + wide_n)]
     met = judged = 0
-    for scenario, result in zip(loaded, _results(loaded, names, jobs), strict=True):
+    for scenario, result in zip(loaded, _results(loaded, names, jobs, forecast_noise), strict=True):
         missed = violations(result.results) if "planner" in result.results else None
         if missed is not None:
             judged += 1

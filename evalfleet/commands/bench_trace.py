@@ -187,23 +187,30 @@ def _tally_text(label: str, t: BatchTally) -> str:
     )
 
 
-def _trace_one(job: tuple[Scenario, Mapping[str, Any] | None]) -> TraceRow:
+def _trace_one(job: tuple[Scenario, Mapping[str, Any] | None, float | None]) -> TraceRow:
     """One scenario traced, in short (in a worker process of ``--jobs``)."""
     from sim.trace import trace_planner
     from sim.trace_summary import trace_row
 
-    scenario, baselines = job
-    return trace_row(trace_planner(scenario), baselines)
+    scenario, baselines, forecast_noise = job
+    return trace_row(trace_planner(scenario, forecast_noise=forecast_noise), baselines)
 
 
 def _batch(
-    scenarios: list[Scenario], baseline_files: tuple[Path, ...], jobs: int, as_json: bool
+    scenarios: list[Scenario],
+    baseline_files: tuple[Path, ...],
+    jobs: int,
+    as_json: bool,
+    forecast_noise: float | None,
 ) -> None:
     from sim.compare import read_results
     from sim.trace_summary import tally
 
     baselines = read_results(baseline_files) if baseline_files else None
-    jobs_in = [(s, baselines.get(s.name) if baselines is not None else None) for s in scenarios]
+    jobs_in = [
+        (s, baselines.get(s.name) if baselines is not None else None, forecast_noise)
+        for s in scenarios
+    ]
     if not as_json:
         click.echo(_ROW_HEAD)
     rows = []
@@ -308,6 +315,12 @@ def _scenario(file: Path | None, random_seed: int | None, wide_seed: int | None)
     is_flag=True,
     help="One JSON object with every tick (with --count: one per run, then the tally).",
 )
+@click.option(
+    "--forecast-noise",
+    type=click.FloatRange(0.0, 10.0),
+    default=None,
+    help="Launch the instances as `launch_order: short_last` does (as `bench planner --forecast-noise`).",
+)
 def bench_trace(
     file: Path | None,
     random_seed: int | None,
@@ -319,13 +332,20 @@ def bench_trace(
     jobs: int,
     baseline_files: tuple[Path, ...],
     as_json: bool,
+    forecast_noise: float | None,
 ) -> None:
     """Trace the planner on one simulated scenario: why it met or missed its targets."""
     from sim.trace import trace_planner
 
     if count is not None:
         _check_batch(file, every, notes)
-        _batch(_generated(random_seed, wide_seed, count), baseline_files, jobs, as_json)
+        _batch(
+            _generated(random_seed, wide_seed, count),
+            baseline_files,
+            jobs,
+            as_json,
+            forecast_noise,
+        )
         return
     if baseline_files or jobs != 1:
         raise ConfigError("bench trace", ["--jobs and --baselines apply with --count only"])
@@ -334,7 +354,7 @@ def bench_trace(
         if file is None:
             raise ConfigError("bench trace", ["--seed applies to a --scenario file only"])
         scenario = scenario.model_copy(update={"seed": seed, "name": f"{scenario.name}@{seed}"})
-    trace = trace_planner(scenario)
+    trace = trace_planner(scenario, forecast_noise=forecast_noise)
     if as_json:
         click.echo(json.dumps(trace.as_json()))
     else:
