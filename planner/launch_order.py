@@ -18,11 +18,12 @@ hours on the token limit with the request limit idle and its last on the reverse
 
 | forecast (calls x log-normal noise of sigma) | longest first | ``short_last`` |
 | --- | --- | --- |
-| perfect (0) | 0.962 | 0.964 |
+| perfect (0) | 0.962 | 0.965 |
 | sigma 1 (correlates about 0.5 with the truth) | 0.991 | 0.988 |
 
 (geometric mean of the planner's makespan over batch thirty-one's 168 runs; every figure and
-the targets met are in docs/bench-planner.md).
+the targets met are in docs/bench-planner.md). A noisy forecast has a cost too: a long
+instance forecast short is launched at the very end.
 
 An instance with no size (never run, or only aborted) stays in the front part, in the listed
 order: it may be long. Ties keep the listed order, so with no history the listed order is the
