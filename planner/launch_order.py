@@ -19,7 +19,7 @@ hours on the token limit with the request limit idle and its last on the reverse
 | forecast (calls x log-normal noise of sigma) | longest first | ``short_last`` |
 | --- | --- | --- |
 | perfect (0) | 0.962 | 0.965 |
-| sigma 1 (correlates about 0.5 with the truth) | 0.991 | 0.988 |
+| sigma 1 (a log correlation of about 0.4 with the truth) | 0.991 | 0.988 |
 
 (geometric mean of the planner's makespan over batch thirty-one's 168 runs; every figure and
 the targets met are in docs/bench-planner.md). A noisy forecast has a cost too: a long

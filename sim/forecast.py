@@ -3,9 +3,10 @@ instances ran before (``planner.launch_order``).
 
 The simulator launches a workload's instances in index order. Here each instance gets a
 forecast of its size, its true number of LLM calls times log-normal noise (``noise`` is the
-sigma of the log: 0 is a perfect forecast; 1 correlates about 0.5 with the truth on the
-issue's parametric harnesses; 5 is no skill at all), and the workload is re-indexed in the
-order ``planner.launch_order.launch_ranks`` gives, the same function the launcher uses.
+sigma of the log: 0 is a perfect forecast; at 1 the log forecast correlates 0.28-0.49 with the
+log calls, median 0.40, over batch thirty-one's first 40 scenarios; 5 is no skill at all), and
+the workload is re-indexed in the order ``planner.launch_order.launch_ranks`` gives, the same
+function the launcher uses.
 Every policy of a run sees the same order. Deterministic for the scenario's seed.
 """
 
