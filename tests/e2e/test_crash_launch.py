@@ -77,7 +77,7 @@ def test_a_launch_failing_after_an_abort_keeps_the_abort_and_raises_its_error(
 ) -> None:
     e2e_env()
 
-    def abort_then_fail(run_id: str, instance_ids: tuple[str, ...]) -> bool:
+    def abort_then_fail(run_id: str, instance_ids: tuple[str, ...], launch_order: str) -> bool:
         _abort(run_id)
         raise RuntimeError("queue unavailable")
 

@@ -93,7 +93,7 @@ def test_a_launch_that_fails_half_way_leaves_no_live_key(
     e2e_env()
     from tasks import launch
 
-    def broken(run_id: str, instance_ids: tuple[str, ...]) -> bool:
+    def broken(run_id: str, instance_ids: tuple[str, ...], launch_order: str) -> bool:
         raise RuntimeError("queue unavailable")
 
     monkeypatch.setattr(launch, "enqueue_run", broken)
