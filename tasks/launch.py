@@ -15,6 +15,7 @@ two racing launches are settled by the unique index on ``runs.idempotency_key``.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -34,6 +35,8 @@ from ledger.models import Run
 from ledger.runs import NewRun, create_run, enqueue
 from planner.launch_order import LaunchOrder, launch_ranks
 from tasks.ledger_io import engine
+
+log = logging.getLogger(__name__)
 
 MAX_REASON_CHARS = 2_000
 
@@ -124,6 +127,14 @@ def enqueue_run(
             else {}
         )
         enqueue(conn, run_id, instance_ids, ranks=launch_ranks(instance_ids, sizes, order))
+        log.info(
+            "run %s: launch order %s; %d of %d instances ran before under harness %s",
+            run_id,
+            order.value,
+            len(sizes),
+            len(instance_ids),
+            harness,
+        )
         check_run_transition(current, RunState.RUNNING)
         conn.execute(
             update(Run)

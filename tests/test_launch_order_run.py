@@ -42,7 +42,9 @@ def _claim_order(run_id: str) -> list[str]:
     return [lease.instance_id for lease in leases]
 
 
-def test_a_run_launches_the_instances_that_were_short_before_last(sqlite_task_ledger: str) -> None:
+def test_a_run_launches_the_instances_that_were_short_before_last(
+    sqlite_task_ledger: str, caplog: pytest.LogCaptureFixture
+) -> None:
     first = _launch(_config("first"))
     assert _claim_order(first) == IDS  # no history: the listed order
     calls = dict(zip(IDS, [40, 8, 25, 90, 3, 12], strict=True))
@@ -53,7 +55,11 @@ def test_a_run_launches_the_instances_that_were_short_before_last(sqlite_task_le
                 .where(InstanceResult.run_id == first, InstanceResult.instance_id == instance_id)
                 .values(state="resolved", calls=n)
             )
-    again = _launch(_config("again"))
+    with caplog.at_level("INFO", logger="tasks.launch"):
+        again = _launch(_config("again"))
+    assert "launch order short_last; 6 of 6 instances ran before under harness simulated" in (
+        caplog.text
+    )
     # the shorter half (3, 8, 12 calls) last, shortest at the end; the rest as listed
     assert _claim_order(again) == ["a__1", "a__3", "a__4", "a__6", "a__2", "a__5"]
     listed = _launch(_config("listed", launch_order="listed"))
