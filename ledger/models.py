@@ -25,6 +25,7 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
     func,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -107,8 +108,18 @@ class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         UniqueConstraint("run_id", "instance_id", "stage"),
-        # the claim's order (``ledger.queue_sql``): earliest visible, then the launch order
-        Index("ix_jobs_claim", "pool", "visible_at", "launch_rank"),
+        # the claim's whole order (``ledger.queue_sql``): the earliest enqueued, then the
+        # launch order, over the unleased jobs only. Partial, so a claim scans no leased
+        # (running) job; whole, so it stops after k rows instead of sorting every candidate
+        Index(
+            "ix_jobs_claim",
+            "pool",
+            "enqueued_at",
+            "launch_rank",
+            "id",
+            postgresql_where=text("lease_token IS NULL"),
+            sqlite_where=text("lease_token IS NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -119,9 +130,11 @@ class Job(Base):
     visible_at: Mapped[datetime] = mapped_column()
     receive_count: Mapped[int] = mapped_column(Integer, default=0)
     lease_token: Mapped[str | None] = mapped_column(String(64))
+    # when the job was enqueued (``ledger.runs.enqueue``: one value for all of a call's jobs);
+    # never moved, so a job returned to the queue keeps its place in the claim's order
     enqueued_at: Mapped[datetime] = mapped_column(server_default=func.now())
-    # the run's launch order (``planner.launch_order``): of jobs visible since the same moment
-    # (a run's, enqueued together), the claim takes the lowest first
+    # the run's launch order (``planner.launch_order``): of jobs enqueued together (a run's),
+    # the claim takes the lowest first
     launch_rank: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 

@@ -119,7 +119,7 @@ def _claim_postgresql(
     rows = conn.execute(statement, params).all()
     return [
         Lease(int(r[0]), r[1], r[2], r[3], r[4], int(r[5]), as_utc(r[6]))
-        for r in sorted(rows, key=lambda r: (int(r[7]), int(r[0])))  # launch order
+        for r in sorted(rows, key=lambda r: (r[8], int(r[7]), int(r[0])))  # the claim's order
     ]
 
 
@@ -141,7 +141,9 @@ def _claim_sqlite(
     rows = conn.execute(statement, params).all()
     leases = [
         Lease(int(r[0]), r[1], r[2], r[3], r[4], int(r[5]), deadline)
-        for r in sorted(rows, key=lambda r: (int(r[6]), int(r[0])))  # launch order
+        # the claim's order (an UPDATE's RETURNING follows none); SQLite stores enqueued_at
+        # as text in one sortable format (``ledger.clock.sqlite_timestamp``)
+        for r in sorted(rows, key=lambda r: (str(r[7]), int(r[6]), int(r[0])))
     ]
     if leases:
         conn.execute(
@@ -173,9 +175,10 @@ def claim(
     Returns nothing when the pool is paused, and skips runs that are paused or not in a
     claimable state (running, draining). Concurrent claims never return the same job.
     With ``run_id``, only that run's jobs are claimed (the dispatcher claims each run's own
-    share of its alias's ceiling); otherwise the oldest visible jobs of any run, FIFO. Jobs
-    visible since the same moment (a run's, enqueued together) go in their run's launch order
-    (``jobs.launch_rank``), and the leases are returned in that order.
+    share of its alias's ceiling); otherwise the earliest enqueued visible jobs of any run,
+    FIFO. Jobs enqueued together (a run's) go in their run's launch order
+    (``jobs.launch_rank``), and the leases are returned in that order. A job returned to the
+    queue (its lease expired or was given back) keeps its place once visible again.
     """
     problems = []
     if not 1 <= k <= MAX_CLAIM:

@@ -22,8 +22,13 @@ _BOOTING = InstanceState.BOOTING.value
 
 def _claimable_jobs(now: str, *, one_run: bool = False) -> str:
     """Visible, unleased jobs of ``:pool`` (of run ``:run_id`` only when ``one_run``), the
-    earliest visible first and, among jobs enqueued together (one ``visible_at``), in their
-    run's launch order (``jobs.launch_rank``)."""
+    earliest enqueued first and, among jobs enqueued together (a run's), in their run's launch
+    order (``jobs.launch_rank``). ``enqueued_at`` never moves: a job whose lease expired or was
+    given back takes its place again once visible, ahead of the jobs queued behind it, as a
+    message requeued in RabbitMQ does. Behind them it would launch last, and an instance that
+    was cut short is often a long one: the run would end on it. The partial index
+    ``ix_jobs_claim`` holds this whole order over the unleased jobs, so the claim reads at
+    most k rows of it past the ones it skips."""
     run_filter = " AND j.run_id = :run_id" if one_run else ""
     return f"""
     SELECT j.id FROM jobs j
@@ -33,7 +38,7 @@ def _claimable_jobs(now: str, *, one_run: bool = False) -> str:
       AND EXISTS (SELECT 1 FROM runs r WHERE r.id = j.run_id AND r.state IN ({_CLAIMABLE}))
       AND NOT EXISTS (SELECT 1 FROM pause_flags p
                       WHERE p.paused AND p.scope = 'run' AND p.target = j.run_id)
-    ORDER BY j.visible_at, j.launch_rank, j.id
+    ORDER BY j.enqueued_at, j.launch_rank, j.id
     LIMIT :k"""
 
 
@@ -48,7 +53,7 @@ WITH picked AS ({_claimable_jobs("now()", one_run=one_run)}
                     visible_at = now() + make_interval(secs => :vt)
     FROM picked WHERE jobs.id = picked.id
     RETURNING jobs.id, jobs.run_id, jobs.instance_id, jobs.stage, jobs.lease_token,
-              jobs.receive_count, jobs.visible_at, jobs.launch_rank
+              jobs.receive_count, jobs.visible_at, jobs.launch_rank, jobs.enqueued_at
 ), booted AS (
     UPDATE instance_results ir SET state = '{_BOOTING}', lease_token = l.lease_token,
            attempt = l.receive_count, heartbeat_at = now(),
@@ -57,7 +62,7 @@ WITH picked AS ({_claimable_jobs("now()", one_run=one_run)}
     WHERE ir.run_id = l.run_id AND ir.instance_id = l.instance_id AND ir.state = '{_QUEUED}'
 )
 SELECT l.id, l.run_id, l.instance_id, l.stage, l.lease_token, l.receive_count, l.visible_at,
-       l.launch_rank
+       l.launch_rank, l.enqueued_at
 FROM leased l, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 """
     )
@@ -76,7 +81,7 @@ UPDATE jobs SET lease_token = lower(hex(randomblob(16))),
                 receive_count = receive_count + 1,
                 visible_at = :deadline
 WHERE id IN ({_claimable_jobs(":now", one_run=one_run)})
-RETURNING id, run_id, instance_id, stage, lease_token, receive_count, launch_rank
+RETURNING id, run_id, instance_id, stage, lease_token, receive_count, launch_rank, enqueued_at
 """
     )
 

@@ -140,8 +140,11 @@ def enqueue(
             f"run {run_id}: {len(instance_ids) - moved} of {len(instance_ids)} instances "
             "are not pending rows of this run"
         )
+    # one "now" for every job of the call: the claim takes jobs enqueued together in their
+    # launch order, and a job returned to the queue keeps its place by this value
+    now = db_now(conn)
     conn.execute(
-        insert(Job).values(visible_at=db_now(conn)),
+        insert(Job).values(visible_at=now, enqueued_at=now),
         [
             {
                 "run_id": run_id,
