@@ -257,6 +257,24 @@ def test_a_fleets_steady_calls_do_not_take_the_blame_from_a_limit_drained_as_ste
     assert REQ in no_floor.last_429_level
 
 
+def test_a_limit_drained_within_half_a_percent_is_told_from_calls_within_two() -> None:
+    """An output limit binds: at its 429s the output bucket drains at its limit (within
+    0.5%), while the calls, which the output per call moves, drain within 2%, and the tokens
+    move with the tasks' contexts. Under a floor of 3% the two were tied and the share rule
+    blamed the requests, used most relative to their budget: each 429 cut the request budget
+    and counted towards re-basing its seed down, while the output limit went on drawing 429s
+    (header-less wide runs of batches thirty-one to thirty-three, docs/bench-planner.md,
+    fifty-fourth round). A floor of 1% tells them apart: output takes the blame."""
+    drained = [{REQ: r, TOK: t, OUT: o} for r, t, o in [
+        (2.60, 15_800.0, 3_900.0), (2.66, 17_800.0, 3_920.0),
+        (2.55, 19_300.0, 3_890.0), (2.68, 21_400.0, 3_910.0)]]  # fmt: skip
+    pressed = [{REQ: 0.9 * SEED.calls_per_s, TOK: 0.6 * SEED.tokens_per_s, OUT: 0.8 * 4_100.0}] * 4
+    s, _ = _unknown_429s(CFG, pressed, drained=drained)
+    assert OUT in s.last_429_level and REQ not in s.last_429_level
+    coarse, _ = _unknown_429s(replace(CFG, blame_spread_floor=0.03), pressed, drained=drained)
+    assert REQ in coarse.last_429_level
+
+
 def test_too_few_or_equally_steady_samples_keep_the_share_rule() -> None:
     """Before ``blame_min_samples`` unknown 429s, or when no class is clearly steadier, the
     blame stays on the class used most relative to its budget."""
