@@ -120,6 +120,15 @@ class Job(Base):
             postgresql_where=text("lease_token IS NULL"),
             sqlite_where=text("lease_token IS NULL"),
         ),
+        # the reaper's order (``ledger.reaper.expire``): the leased jobs only, by deadline, so
+        # a reap reads the expired ones, longest expired first, instead of the whole queue
+        Index(
+            "ix_jobs_lease_deadline",
+            "visible_at",
+            "id",
+            postgresql_where=text("lease_token IS NOT NULL"),
+            sqlite_where=text("lease_token IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -150,10 +159,18 @@ class LlmCall(Base):
     """One row per gateway call (retries included): the raw material of the curve refit."""
 
     __tablename__ = "llm_calls"
-    __table_args__ = (Index("ix_llm_calls_alias_requested_at", "alias", "requested_at"),)
+    __table_args__ = (
+        # the planner tick's reads of one alias over a recent time span (``ledger.charges``,
+        # ``ledger.pacer_window``)
+        Index("ix_llm_calls_alias_requested_at", "alias", "requested_at"),
+        # the tick's read of one alias's calls after its id watermark (``read_window``)
+        Index("ix_llm_calls_alias_id", "alias", "id"),
+        # an instance's recorded spend at its landing; a run's calls (the prefix)
+        Index("ix_llm_calls_run_id_instance_id", "run_id", "instance_id"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    run_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    run_id: Mapped[str | None] = mapped_column(String(36))
     instance_id: Mapped[str | None] = mapped_column(String(256))
     alias: Mapped[str] = mapped_column(String(64))
     harness: Mapped[str | None] = mapped_column(String(64))
@@ -180,7 +197,11 @@ class PlannerDecision(Base):
     """Per planner tick and alias: what the planner saw and decided, and which constraint bound."""
 
     __tablename__ = "planner_decisions"
-    __table_args__ = (Index("ix_planner_decisions_alias_tick_at", "alias", "tick_at"),)
+    __table_args__ = (
+        Index("ix_planner_decisions_alias_tick_at", "alias", "tick_at"),
+        # an alias's newest decision (``ledger.pacer_state.previous_decision``, each tick)
+        Index("ix_planner_decisions_alias_id", "alias", "id"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     alias: Mapped[str] = mapped_column(String(64))

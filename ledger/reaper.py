@@ -133,7 +133,8 @@ def requeue(
 
 
 def expire(engine: Engine, *, pool: str | None = None, limit: int = 1000) -> ReapReport:
-    """The reaper: leases past their deadline go back to ``queued``, or end ``lost`` past max."""
+    """The reaper: leases past their deadline go back to ``queued``, or end ``lost`` past max;
+    at most ``limit`` of them, the longest expired first."""
     if not 1 <= limit <= 100_000:
         raise ConfigError("expire", ["limit: must be between 1 and 100000"])
     requeued: list[tuple[str, str]] = []
@@ -153,7 +154,9 @@ def expire(engine: Engine, *, pool: str | None = None, limit: int = 1000) -> Rea
             )
             .join(Run, Run.id == Job.run_id)
             .where(and_(*conditions))
-            .order_by(Job.id)
+            # the longest expired first, in the order of ``ix_jobs_lease_deadline`` (it holds
+            # only the leased jobs): a reap reads no more of the queue than it returns
+            .order_by(Job.visible_at, Job.id)
             .limit(limit)
             .with_for_update(of=Job, skip_locked=True)
         )
