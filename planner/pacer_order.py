@@ -29,7 +29,13 @@ had to wait):
 Before all of these, when ``QueueOrder.urgent_share`` is set (an alias's
 ``pacer.urgent_share``; off by default), a call whose task has run that share of its instance
 timeout (``CallEstimate.task_timeout_s``) goes first, the oldest task's first (earliest
-deadline first): past the timeout its attempt lands as ``error``. Measured on batch twenty-six
+deadline first): past the timeout its attempt lands as ``error``. A task already past it is
+not urgent: its attempt is lost whatever the pacer does (the harness stops it, and a call it
+left queued ranks as any other), and the rank it would take is what the tasks that can still
+make it need. The simulator runs such a task on (it counts the timeout and does not enforce
+it), and there the oldest-first rank went to dead tasks first, a domino: batch thirty-five
+(168 runs, docs/bench-planner.md fifty-fifth round) at 0.75 left 592 instances past a 3,600 s
+timeout uncapped and 485 capped (812 with the order off). Measured on batch twenty-six
 with the sizing's timeout bound (docs/bench-planner.md, fiftieth round), 0.75 took the runs
 with an instance past a 3,600 s timeout from 88 to 26 of 168, for 0.45% of mean makespan; it
 costs up to 2% on some files (a trace file's 4-7 instances saved per 500) and two of the
@@ -77,13 +83,17 @@ class QueueOrder:
         self.urgent_share = urgent_share
 
     def urgent(self, estimate: CallEstimate) -> bool:
-        """Whether the call's task has run ``urgent_share`` of its instance timeout."""
+        """Whether the call's task has run ``urgent_share`` of its instance timeout and not yet
+        all of it (past it the attempt is lost: its harness stops it, and the rank goes to the
+        tasks that can still make it)."""
         share = self.urgent_share
+        timeout = estimate.task_timeout_s
+        age = estimate.task_age_s
         return (
             share is not None
-            and estimate.task_timeout_s is not None
-            and estimate.task_age_s is not None
-            and estimate.task_age_s >= share * estimate.task_timeout_s
+            and timeout is not None
+            and age is not None
+            and share * timeout <= age < timeout
         )
 
     @property

@@ -174,6 +174,29 @@ def test_a_task_near_its_instance_timeout_goes_first_in_every_order() -> None:
         assert [calls.poll(t) for t in (1.0, 2.0, 3.0)] == [[c] for c in expected]
 
 
+def test_a_task_past_its_instance_timeout_is_not_urgent() -> None:
+    """Past its timeout a task's attempt is lost (its harness stops it): a call it left queued
+    ranks as any other, and the tasks that can still make their timeout go first. Ranked
+    urgent, the oldest first, the dead tasks would take the rank before every live one."""
+    timeout = 1000.0
+
+    def est(age: float) -> CallEstimate:
+        return CallEstimate(10, task_age_s=age, task_timeout_s=timeout)
+
+    calls = PacerCore(budgets(calls=1.0, tokens=1e9), burst_s=1.0, urgent_share=0.75)
+    assert calls.request("a", est(10.0), 0.0).admitted
+    assert not calls.request("first", est(10.0), 0.0).admitted
+    assert not calls.request("dead", est(timeout), 0.001).admitted
+    assert not calls.request("dying", est(timeout - 1.0), 0.002).admitted
+    assert not calls.request("urgent", est(0.75 * timeout), 0.003).admitted
+    assert [calls.poll(t) for t in (1.0, 2.0, 3.0, 4.0)] == [
+        ["dying"],
+        ["urgent"],
+        ["first"],
+        ["dead"],
+    ]
+
+
 def test_an_estimates_timeout_must_be_positive_and_an_urgent_share_a_share() -> None:
     with pytest.raises(ValueError, match="task_timeout_s"):
         CallEstimate(10, task_timeout_s=0.0)

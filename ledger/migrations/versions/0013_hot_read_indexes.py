@@ -23,7 +23,7 @@ test_hot_query_plans.py`` now guards them):
 
 Revision ID: 0013
 Revises: 0012
-Create Date: 2026-12-07
+Create Date: 2026-12-06
 """
 
 from __future__ import annotations
