@@ -31,8 +31,9 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 
+# --durations: the slowest tests are named in every run's log (CI's too), so one that grows shows
 test: install lint
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=25
 
 bench: install
 	$(VENV)/bin/evalfleet bench queue
