@@ -18,101 +18,19 @@ no ``ANALYZE``: nothing in evalfleet runs it, so a SQLite ledger is planned with
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from plan_helpers import analyze, assert_reads_by_index, captured, plan_of
+from plan_helpers import engine as engine  # the fixture
 from queue_helpers import make_run
-from sqlalchemy import Engine, event, insert, text
+from sqlalchemy import Engine, insert
 
 from evalfleet.states import InstanceState
 from ledger import charges, pacer_state, pacer_window, queue, reaper
 from ledger.models import LlmCall, PlannerDecision
-
-#: tables these tests fill that the ledger fixture does not empty between PostgreSQL tests
-_OWN_TABLES = ("llm_calls", "planner_decisions")
-
-
-@pytest.fixture
-def engine(ledger_engine: Engine) -> Iterator[Engine]:
-    """The ledger, with no calls or decisions left by an earlier test."""
-    if ledger_engine.dialect.name == "postgresql":
-        with ledger_engine.begin() as conn:
-            conn.execute(text(f"TRUNCATE {', '.join(_OWN_TABLES)} RESTART IDENTITY"))
-    yield ledger_engine
-
-
-def _captured(engine: Engine, call: Callable[[], object], *tables: str) -> list[tuple[str, Any]]:
-    """The statements ``call`` sent that read or write any of ``tables``, with their
-    parameters."""
-    sent: list[tuple[str, Any]] = []
-
-    def grab(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
-        words = statement.replace(",", " ").split()
-        if (
-            not executemany
-            and words
-            and words[0].upper() in {"SELECT", "UPDATE", "DELETE", "WITH"}
-            and any(table in words for table in tables)
-        ):
-            sent.append((statement, parameters))
-
-    event.listen(engine, "before_cursor_execute", grab)
-    try:
-        call()
-    finally:
-        event.remove(engine, "before_cursor_execute", grab)
-    assert sent, f"the call sent no statement on {tables}"
-    return sent
-
-
-def _plan(engine: Engine, statement: str, parameters: Any) -> str:
-    """The database's plan of one captured statement (EXPLAIN runs nothing)."""
-    sqlite = engine.dialect.name == "sqlite"
-    with engine.connect() as conn:
-        rows = conn.exec_driver_sql(
-            ("EXPLAIN QUERY PLAN " if sqlite else "EXPLAIN ") + statement, parameters
-        ).all()
-    return "\n".join(str(row[-1]) for row in rows)
-
-
-def _analyze(engine: Engine) -> None:
-    if engine.dialect.name == "postgresql":
-        with engine.begin() as conn:
-            conn.execute(text("ANALYZE"))
-
-
-def _assert_reads_by_index(
-    engine: Engine,
-    statements: list[tuple[str, Any]],
-    table: str,
-    index: str,
-    *,
-    sorts: bool,
-    pg_also: str | None = None,
-) -> None:
-    """Each statement's plan reads ``table`` through ``index`` (on PostgreSQL, or ``pg_also``),
-    scans no table of it whole, and (unless ``sorts``: a GROUP BY of the rows read) sorts
-    nothing."""
-    for statement, parameters in statements:
-        plan = _plan(engine, statement, parameters)
-        shown = f"{' '.join(statement.split())}\n{plan}"
-        if engine.dialect.name == "postgresql":
-            assert any(
-                f"{name} on {table}" in plan or f"Bitmap Index Scan on {name}" in plan
-                for name in (index, pg_also or index)
-            ), shown
-            assert f"Seq Scan on {table}" not in plan, shown
-            if not sorts:
-                assert "Sort" not in plan, shown
-        else:
-            assert f"SEARCH {table} USING INDEX {index} (" in plan or (
-                f"SEARCH {table} USING COVERING INDEX {index} (" in plan
-            ), shown
-            assert f"SCAN {table}" not in plan, shown
-            assert "TEMP B-TREE FOR ORDER BY" not in plan, shown
-
 
 # --- the planner tick's reads of llm_calls ---------------------------------------------------
 
@@ -152,7 +70,7 @@ def _fill_calls(engine: Engine, now: datetime) -> None:
         )
     with engine.begin() as conn:
         conn.execute(insert(LlmCall), rows)
-    _analyze(engine)
+    analyze(engine)
 
 
 def test_the_tick_s_reads_of_an_alias_s_recent_calls_use_its_time_index(engine: Engine) -> None:
@@ -179,9 +97,9 @@ def test_the_tick_s_reads_of_an_alias_s_recent_calls_use_its_time_index(engine: 
             with engine.connect() as conn:
                 read(conn)
 
-        statements = _captured(engine, call, "llm_calls")
+        statements = captured(engine, call, "llm_calls")
         assert len(statements) == 1, name
-        _assert_reads_by_index(
+        assert_reads_by_index(
             engine, statements, "llm_calls", "ix_llm_calls_alias_requested_at", sorts=False
         )
 
@@ -204,10 +122,10 @@ def test_the_tick_s_window_reads_an_alias_s_calls_after_its_watermark_by_index(
             )
         assert window.calls == 5  # every other of the ten before the idle alias's last five
 
-    statements = _captured(engine, call, "llm_calls")
+    statements = captured(engine, call, "llm_calls")
     assert len(statements) == 2  # the aggregates, and the errors by kind
     # the errors' GROUP BY sorts what the index range returned (a window's errors), no more
-    _assert_reads_by_index(
+    assert_reads_by_index(
         engine,
         statements,
         "llm_calls",
@@ -216,7 +134,7 @@ def test_the_tick_s_window_reads_an_alias_s_calls_after_its_watermark_by_index(
         pg_also="pk_llm_calls",
     )
     for statement, parameters in statements:  # the range starts at the watermark
-        plan = _plan(engine, statement, parameters)
+        plan = plan_of(engine, statement, parameters)
         if engine.dialect.name == "postgresql":
             assert "Index Cond: (id > " in plan or "AND (id > " in plan, plan
         else:
@@ -230,8 +148,8 @@ def test_the_newest_call_id_is_read_from_the_primary_key(engine: Engine) -> None
         with engine.connect() as conn:
             assert pacer_window.latest_call_id(conn) == _CALLS
 
-    ((statement, parameters),) = _captured(engine, call, "llm_calls")
-    plan = _plan(engine, statement, parameters)
+    ((statement, parameters),) = captured(engine, call, "llm_calls")
+    plan = plan_of(engine, statement, parameters)
     if engine.dialect.name == "postgresql":
         assert "Index Only Scan Backward using pk_llm_calls on llm_calls" in plan, plan
         assert "Seq Scan" not in plan, plan
@@ -249,10 +167,10 @@ def test_an_instance_s_spend_at_landing_is_read_by_its_run_and_instance(
 
     _fill_calls(engine, datetime.now(UTC))
     monkeypatch.setattr(instance, "engine", lambda: engine)
-    statements = _captured(
+    statements = captured(
         engine, lambda: instance.spent_micro_usd("run-1", "inst-00001"), "llm_calls"
     )
-    _assert_reads_by_index(
+    assert_reads_by_index(
         engine, statements, "llm_calls", "ix_llm_calls_run_id_instance_id", sorts=False
     )
 
@@ -280,15 +198,15 @@ def test_the_tick_reads_an_alias_s_previous_decision_by_index(engine: Engine) ->
     ]
     with engine.begin() as conn:
         conn.execute(insert(PlannerDecision), rows)
-    _analyze(engine)
+    analyze(engine)
 
     def call() -> None:
         with engine.connect() as conn:
             previous = pacer_state.previous_decision(conn, _IDLE)
         assert previous is not None
 
-    statements = _captured(engine, call, "planner_decisions")
-    _assert_reads_by_index(
+    statements = captured(engine, call, "planner_decisions")
+    assert_reads_by_index(
         engine,
         statements,
         "planner_decisions",
@@ -308,16 +226,16 @@ def test_the_reaper_reads_the_expired_leases_from_their_index(engine: Engine) ->
     expired = queue.claim(engine, "harness", 200, visibility_timeout_s=0.05)
     queue.claim(engine, "harness", 600)  # live leases: the index holds them, the reap skips them
     time.sleep(0.2)
-    _analyze(engine)
+    analyze(engine)
 
     def call() -> None:
         report = reaper.expire(engine, limit=50)
         assert [i for _, i in report.requeued] == [lease.instance_id for lease in expired[:50]]
 
-    statements = _captured(engine, call, "jobs")
+    statements = captured(engine, call, "jobs")
     selects = [(s, p) for s, p in statements if s.lstrip().upper().startswith("SELECT")]
     assert len(selects) == 1
-    _assert_reads_by_index(engine, selects, "jobs", "ix_jobs_lease_deadline", sorts=False)
+    assert_reads_by_index(engine, selects, "jobs", "ix_jobs_lease_deadline", sorts=False)
 
 
 #: the key each step reads the queue's tables by (SQLite names a UNIQUE constraint's index itself)
@@ -343,7 +261,7 @@ def test_a_lease_holder_s_step_finds_its_job_and_instance_by_key(engine: Engine,
     first, second = queue.claim(engine, "harness", 2)
     queue.claim(engine, "harness", 500)
     queue.mark_running(engine, second)
-    _analyze(engine)
+    analyze(engine)
     steps: dict[str, Callable[[], object]] = {
         "heartbeat": lambda: queue.heartbeat(engine, first),
         "mark_running": lambda: queue.mark_running(engine, first),
@@ -354,11 +272,11 @@ def test_a_lease_holder_s_step_finds_its_job_and_instance_by_key(engine: Engine,
     tables = ("jobs", "instance_results")
     seen = set()
     # every statement of the step, per table it names (PostgreSQL's are one CTE each)
-    for statement, parameters in _captured(engine, steps[step], *tables):
+    for statement, parameters in captured(engine, steps[step], *tables):
         named = statement.replace(",", " ").split()
         for table in (t for t in tables if t in named):
             seen.add(table)
-            plan = _plan(engine, statement, parameters)
+            plan = plan_of(engine, statement, parameters)
             shown = f"{' '.join(statement.split())}\n{plan}"
             assert _KEYS[(dialect, table)] in plan, shown
             scan = f"Seq Scan on {table}" if dialect == "postgresql" else f"SCAN {table}"

@@ -28,10 +28,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from plan_helpers import analyze, assert_reads_by_index, captured, plan_of
+from plan_helpers import engine as engine  # the fixture
 from queue_helpers import make_run
 from sqlalchemy import Engine, delete, event, insert, select, text, update
-from test_hot_query_plans import _analyze, _assert_reads_by_index, _captured, _plan
-from test_hot_query_plans import engine as engine  # the fixture
 
 from evalfleet.errors import SpendCapExceeded
 from gateway.keys import KIND_GATEWAY, STATE_ACTIVE
@@ -69,7 +69,7 @@ def _fill_runs(engine: Engine) -> list[str]:
                 .values(state="resolved")
             )
             conn.execute(delete(Job).where(Job.run_id == run_id, Job.instance_id.in_(ids)))
-    _analyze(engine)
+    analyze(engine)
     return runs
 
 
@@ -94,9 +94,9 @@ def test_the_tick_and_the_dispatcher_read_the_live_tasks_by_their_state_index(
         assert loads == dict.fromkeys(runs, _CLAIMED)
 
     for call in (tick, dispatch_pass):
-        statements = _captured(engine, call, "instance_results")
+        statements = captured(engine, call, "instance_results")
         assert len(statements) == 1, call.__name__
-        _assert_reads_by_index(
+        assert_reads_by_index(
             engine, statements, "instance_results", "ix_instance_results_state", sorts=True
         )
 
@@ -136,7 +136,7 @@ def test_the_dispatcher_reads_each_alias_s_newest_decision_not_its_history(
     ]
     with engine.begin() as conn:
         conn.execute(insert(PlannerDecision), rows)
-    _analyze(engine)
+    analyze(engine)
     monkeypatch.setattr(dispatch, "engine", lambda: engine)
     newest = {alias: len(rows) - len(_ALIASES) + i for i, alias in enumerate(_ALIASES)}
     asked = {"sim", "quiet", "undecided"}
@@ -166,10 +166,10 @@ def test_the_dispatcher_reads_each_alias_s_newest_decision_not_its_history(
                     driver.set_progress_handler(None, 1)
         assert ceilings == {a: newest[a] for a in asked & set(newest)}
 
-    statements = _captured(engine, call, "planner_decisions")
+    statements = captured(engine, call, "planner_decisions")
     assert len(statements) == 1
     ((statement, parameters),) = statements
-    plan = _plan(engine, statement, parameters)
+    plan = plan_of(engine, statement, parameters)
     shown = f"{' '.join(statement.split())}\n{plan}"
     if engine.dialect.name == "postgresql":
         assert "Seq Scan on planner_decisions" not in plan, shown
@@ -219,7 +219,7 @@ def test_the_spend_reservation_finds_its_key_by_its_unique_hash(engine: Engine) 
     ]
     with engine.begin() as conn:
         conn.execute(insert(ApiKey), rows)
-    _analyze(engine)
+    analyze(engine)
     now = datetime.now(UTC)
 
     def granted() -> None:
@@ -234,11 +234,11 @@ def test_the_spend_reservation_finds_its_key_by_its_unique_hash(engine: Engine) 
         if engine.dialect.name == "postgresql"
         else "sqlite_autoindex_api_keys_2"  # the id primary key is _1
     )
-    statements = _captured(engine, granted, "api_keys")
+    statements = captured(engine, granted, "api_keys")
     assert [s.split()[0] for s, _ in statements] == ["UPDATE"]
-    statements = _captured(engine, refused, "api_keys")
+    statements = captured(engine, refused, "api_keys")
     assert [s.split()[0] for s, _ in statements] == ["UPDATE", "SELECT"]
-    _assert_reads_by_index(engine, statements, "api_keys", index, sorts=False)
+    assert_reads_by_index(engine, statements, "api_keys", index, sorts=False)
 
 
 @pytest.fixture(autouse=True)
