@@ -20,19 +20,13 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from planner.budgets import Budgets, TokenClass
 from planner.pacer import CallEstimate, CallUsage, PacerCore
+from tests.property_support import PROPERTIES, log_uniform
 
-#: derandomized: CI draws the same cases every run; raise ``max_examples`` locally to search
-PROPERTIES = settings(
-    max_examples=120,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 #: relative slack for float sums of bucket levels
 SLACK = 1e-6
 
@@ -52,10 +46,6 @@ class Case:
     token_class: TokenClass
     cached_input_counts: bool
     calls: tuple[Call, ...]
-
-
-def _log_uniform(lo: float, hi: float) -> st.SearchStrategy[float]:
-    return st.floats(math.log(lo), math.log(hi)).map(math.exp)
 
 
 @st.composite
@@ -93,10 +83,10 @@ def _call_stream(draw: st.DrawFn, exact: bool) -> tuple[Call, ...]:
 @st.composite
 def _case(draw: st.DrawFn, exact: bool) -> Case:
     budgets = Budgets(
-        calls_per_s=draw(_log_uniform(0.05, 50.0)),
-        tokens_per_s=draw(_log_uniform(100.0, 1e6)),
-        output_tokens_per_s=draw(st.none() | _log_uniform(10.0, 1e5)),
-        inflight_tokens=draw(_log_uniform(1e4, 1e7)),
+        calls_per_s=draw(log_uniform(0.05, 50.0)),
+        tokens_per_s=draw(log_uniform(100.0, 1e6)),
+        output_tokens_per_s=draw(st.none() | log_uniform(10.0, 1e5)),
+        inflight_tokens=draw(log_uniform(1e4, 1e7)),
     )
     return Case(
         budgets=budgets,

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from planner.blame import NOT_RATE_LIMITS
@@ -38,15 +38,8 @@ from planner.classify import LimitType
 from planner.curves import HarnessCurve, default_curve
 from planner.decision import Binding
 from planner.sizing import Caps, Counting, FleetState, SizingConfig, decide, steady_state
+from tests.property_support import PROPERTIES, log_uniform
 
-#: derandomized: CI draws the same cases every run (a failure is reproducible, not a flake);
-#: raise ``max_examples`` locally to search further
-PROPERTIES = settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 CFG = ControllerConfig()
 REQ, TOK, OUT, INFL = (
     BudgetClass.REQUESTS,
@@ -55,11 +48,6 @@ REQ, TOK, OUT, INFL = (
     BudgetClass.INFLIGHT,
 )
 RATE_CLASSES = (REQ, TOK, OUT)
-
-
-def _rate(lo: float, hi: float) -> st.SearchStrategy[float]:
-    """Positive rates spread over orders of magnitude (log-uniform)."""
-    return st.floats(math.log(lo), math.log(hi)).map(math.exp)
 
 
 # --- sizing -------------------------------------------------------------------------------
@@ -113,11 +101,11 @@ def _sizing_case(draw: st.DrawFn) -> tuple[FleetState, _SizingBudgets, Counting,
     # few times more or fewer than are live, so most drawn fleets sit near their budgets: some
     # over them, some launching, each budget binding in turn
     live = fleet.ages.size + fleet.booting
-    slots = max(live, 1) * draw(_rate(0.2, 20.0))
+    slots = max(live, 1) * draw(log_uniform(0.2, 20.0))
     rates = _STEADY[(counting.cached_input_counts, counting.combined)].slot_rates
 
     def room(quantity: str) -> float:
-        return rates[quantity] * slots * draw(_rate(0.2, 5.0))
+        return rates[quantity] * slots * draw(log_uniform(0.2, 5.0))
 
     budgets = _SizingBudgets(
         calls_per_s=room("calls_per_s"),
@@ -195,7 +183,7 @@ def _window(draw: st.DrawFn, now: float, combined: bool) -> WindowObservation:
         st.none()
         | st.dictionaries(
             st.sampled_from((LimitType.REQUESTS, token_limit, LimitType.OUTPUT_TOKENS)),
-            _rate(10.0, 1e9),
+            log_uniform(10.0, 1e9),
             min_size=1,
             max_size=3,
         )
@@ -224,10 +212,10 @@ def _window(draw: st.DrawFn, now: float, combined: bool) -> WindowObservation:
 def _run(draw: st.DrawFn) -> tuple[BudgetState, list[WindowObservation]]:
     combined = draw(st.booleans())
     seed = Budgets(
-        calls_per_s=draw(_rate(0.01, 1e4)),
-        tokens_per_s=draw(_rate(1.0, 1e7)),
-        output_tokens_per_s=draw(st.none() | _rate(0.1, 1e6)),
-        inflight_tokens=draw(_rate(1e3, 1e10)),
+        calls_per_s=draw(log_uniform(0.01, 1e4)),
+        tokens_per_s=draw(log_uniform(1.0, 1e7)),
+        output_tokens_per_s=draw(st.none() | log_uniform(0.1, 1e6)),
+        inflight_tokens=draw(log_uniform(1e3, 1e10)),
     )
     state = initial_state(
         seed,

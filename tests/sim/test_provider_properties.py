@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from planner.classify import LimitType
@@ -25,14 +25,8 @@ from sim.limits import (
     ProviderLimits,
     limit_schedule,
 )
+from tests.property_support import PROPERTIES, log_uniform
 
-#: derandomized: CI draws the same cases every run; raise ``max_examples`` locally to search
-PROPERTIES = settings(
-    max_examples=120,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 SLACK = 1e-6
 _FIELD = {
     LimitType.REQUESTS: "rpm",
@@ -49,8 +43,7 @@ _RANGE = {
 
 
 def _per_minute(cls: LimitType) -> st.SearchStrategy[float]:
-    lo, hi = _RANGE[cls]
-    return st.floats(math.log(lo), math.log(hi)).map(math.exp)
+    return log_uniform(*_RANGE[cls])
 
 
 @dataclass(frozen=True)
