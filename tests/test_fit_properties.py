@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.curves import HarnessCurve
-from planner.fit import fit_curve
+from planner.fit import CALL_COLUMNS, fit_curve
 from tests.property_support import PROPERTIES
 
 AGES = np.linspace(0.0, 20_000.0, 401)
@@ -38,13 +38,7 @@ def _tables(draw: st.DrawFn) -> tuple[pd.DataFrame, pd.DataFrame | None]:
         walls.append((f"i{i}", last + draw(st.floats(0.5, 600.0))))
     calls = pd.DataFrame(
         rows,
-        columns=[
-            "instance_id",
-            "t_request_s",
-            "input_tokens",
-            "cached_input_tokens",
-            "output_tokens",
-        ],
+        columns=list(CALL_COLUMNS),
     )
     instances = draw(
         st.none() | st.just(pd.DataFrame(walls, columns=["instance_id", "wall_time_s"]))
