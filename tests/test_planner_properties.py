@@ -11,8 +11,9 @@ whole sequences of planner windows, with any mix of 429s, headers and measured r
 - the controller never raises on what a gateway may report, keeps every budget positive and
   finite and under every limit a header states, cuts only the class a 429 names (a request
   429 leaves the token budgets alone and a token 429 the request budget), cuts nothing for
-  spend or overload, pauses the run on a spend error, and freezes launches for at least the
-  cooldown after a rate-limit 429.
+  spend or overload, pauses the run on a spend error, freezes launches for at least the
+  cooldown after a rate-limit 429, and (where no header moves it) lowers a budget only by a
+  cut or a re-base.
 """
 
 from __future__ import annotations
