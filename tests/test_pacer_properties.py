@@ -11,7 +11,10 @@ pacer promises whatever the order it picks:
 - the tokens in flight stay within the in-flight budget, except for one call alone that is
   larger than it;
 - every call is admitted exactly once, and none is left waiting (no dead-lock, no starvation),
-  whatever the mix of sizes, task ages, failed calls and calls that used less than estimated.
+  whatever the mix of sizes, task ages, failed calls and calls that used less than estimated;
+- a call that fits every bucket after any stream is admitted at once, and settled at that
+  moment it leaves the token buckets charged with what it used alone (a failed call: nothing;
+  its call still counts).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -213,3 +217,89 @@ def test_every_call_is_admitted_once_whatever_it_used_or_if_it_failed(case: Case
     pacer, admitted = _drive(case)
     assert len(admitted) == len(case.calls)
     assert pacer.inflight_tokens == 0 and pacer.inflight_calls == 0 and pacer.queue_len == 0
+
+
+@dataclass(frozen=True)
+class SettledCall:
+    """One more call after a drawn stream, drawn to fit what the buckets then hold."""
+
+    case: Case
+    after_s: float  # how long after the stream's last admission it comes
+    share: float  # of the token bucket's level it takes
+    cached_part: float  # of that, cache reads
+    output_part: float  # of that (and of the output bucket's level), max_output
+    uncounted_cached: int  # cache reads when the provider does not count them
+    used: tuple[float, float, float] | None  # share of each estimate used; None: it failed
+
+
+@st.composite
+def _settled_call(draw: st.DrawFn) -> SettledCall:
+    unit = st.floats(0.0, 1.0)
+    return SettledCall(
+        case=draw(_case(exact=False)),
+        after_s=draw(st.floats(0.0, 30.0)),
+        share=draw(unit),
+        cached_part=draw(unit),
+        output_part=draw(unit),
+        uncounted_cached=draw(st.integers(0, 200_000)),
+        used=draw(st.none() | st.tuples(unit, unit, st.floats(0.0, 2.0))),
+    )
+
+
+@PROPERTIES
+@given(_settled_call())
+def test_a_call_settled_at_once_leaves_the_buckets_charged_with_its_use_alone(
+    drawn: SettledCall,
+) -> None:
+    """After any stream, a call that fits every bucket is admitted at once; released at that
+    moment, the token buckets stand where its actual use alone would put them (a failed call:
+    where they were), and the calls bucket one call lower (a failed call still counts)."""
+    case = drawn.case
+    pacer, admitted = _drive(case)
+    b = case.budgets
+    # the stream's last event: its last release
+    end = max(r.at + case.calls[k].service_s for k, r in admitted.items())
+    levels = pacer.levels(end)
+    # wait until every bucket holds the one call this test sends (a level may be in debt)
+    deficits = [(1.0 - levels["calls"]) / b.calls_per_s, -levels["tokens"] / b.tokens_per_s]
+    if b.output_tokens_per_s is not None:
+        deficits.append(-levels["output_tokens"] / b.output_tokens_per_s)
+    now = end + drawn.after_s + max(0.0, *deficits) + 1e-6
+    before = pacer.levels(now)
+    room = math.floor(before["tokens"] * drawn.share)
+    output_room = room if b.output_tokens_per_s is None else min(room, before["output_tokens"])
+    max_output = math.floor(output_room * drawn.output_part)
+    if case.token_class == "combined":
+        room -= max_output
+    cached = math.floor(room * drawn.cached_part)
+    counts = case.cached_input_counts
+    estimate = CallEstimate(
+        input_uncached=room - cached if counts else room,
+        # a cache read the provider does not count costs the bucket nothing: any size fits
+        input_cached=cached if counts else drawn.uncounted_cached,
+        max_output=max_output,
+    )
+    assert pacer.request("x", estimate, now).admitted, (estimate, before)
+    usage = None
+    if drawn.used is not None:
+        uncached_used, cached_used, output_used = drawn.used
+        usage = CallUsage(
+            math.floor(estimate.input_uncached * uncached_used),
+            math.floor(estimate.input_cached * cached_used),
+            math.floor(estimate.max_output * output_used),
+        )
+    pacer.release("x", usage, now)
+    after = pacer.levels(now)
+    used_counted = used_output = 0
+    if usage is not None:
+        used_counted = usage.input_uncached + (usage.input_cached if counts else 0)
+        if case.token_class == "combined":
+            used_counted += usage.output
+        used_output = usage.output
+    assert after["calls"] == pytest.approx(before["calls"] - 1.0, rel=SLACK, abs=SLACK)
+    assert after["tokens"] == pytest.approx(before["tokens"] - used_counted, rel=SLACK, abs=SLACK)
+    if b.output_tokens_per_s is not None:
+        assert after["output_tokens"] == pytest.approx(
+            before["output_tokens"] - used_output, rel=SLACK, abs=SLACK
+        )
+    assert pacer.inflight_tokens == 0 and pacer.inflight_calls == 0

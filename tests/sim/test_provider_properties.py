@@ -3,7 +3,8 @@ every benchmark figure, over drawn limits, limit changes and request streams:
 
 - over any interval, what it admits of each class stays within the bucket (the per-minute limit
   in effect at the interval's start) plus the limit's refill over the interval, through drops
-  and rises of the limit: no policy can beat a limit the simulator enforces loosely;
+  and rises of the limit, a request at the very moment of a drop included: no policy can beat
+  a limit the simulator enforces loosely;
 - a request needing more than a bucket holds is refused as too large, and only such a request;
 - a client that honours a 429's ``retry_after_s`` is admitted then, if nobody else came first.
 """
@@ -46,6 +47,15 @@ def _per_minute(cls: LimitType) -> st.SearchStrategy[float]:
     return log_uniform(*_RANGE[cls])
 
 
+def _charge() -> st.SearchStrategy[CallCharge]:
+    return st.builds(
+        CallCharge,
+        input_uncached=st.integers(0, 60_000),
+        input_cached=st.integers(0, 150_000),
+        max_output=st.integers(0, 8_000),
+    )
+
+
 @dataclass(frozen=True)
 class Case:
     spec: LimitSpec
@@ -73,21 +83,21 @@ def _case(draw: st.DrawFn) -> Case:
     # enough requests, close enough together, to hold some limit at its refill for minutes
     for _ in range(draw(st.integers(20, 150))):
         now += draw(st.sampled_from((0.0, 0.05, 0.5)) | st.floats(0.0, 4.0))
-        charge = CallCharge(
-            input_uncached=draw(st.integers(0, 60_000)),
-            input_cached=draw(st.integers(0, 150_000)),
-            max_output=draw(st.integers(0, 8_000)),
-        )
+        charge = draw(_charge())
         requests.append((now, charge))
+    # a request at the very moment of a change meets the new limits before any refill could
+    # hide a level the change left above them
+    for change in changes:
+        if draw(st.booleans()):
+            requests.append((change.at_s, draw(_charge())))
+    requests.sort(key=lambda r: r[0])
     return Case(spec, tuple(sorted(changes, key=lambda c: c.at_s)), tuple(requests))
 
 
 def _limit_at(case: Case, cls: LimitType, t: float) -> float:
-    """The larger of the limits in effect just before and at ``t`` (a change may fall on it)."""
+    """The limit in effect at ``t``: a change at ``t`` is in effect for a request at ``t``."""
     steps = limit_schedule(case.spec, case.changes, cls)
-    before = [lim for start, lim in steps if start < t] or [steps[0][1]]
-    at = [lim for start, lim in steps if start <= t]
-    return max(before[-1] or 0.0, at[-1] or 0.0)
+    return [lim for start, lim in steps if start <= t][-1] or 0.0
 
 
 def _refill(case: Case, cls: LimitType, a: float, b: float) -> float:
