@@ -224,7 +224,7 @@ class SettledCall:
     """One more call after a drawn stream, drawn to fit what the buckets then hold."""
 
     case: Case
-    after_s: float  # how long after the stream's last admission it comes
+    after_s: float  # how long after the stream's last release it comes
     share: float  # of the token bucket's level it takes
     cached_part: float  # of that, cache reads
     output_part: float  # of that (and of the output bucket's level), max_output
