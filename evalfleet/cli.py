@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "evalfleet.commands.bench_queue",
     "evalfleet.commands.bench_planner",
     "evalfleet.commands.bench_compare",
+    "evalfleet.commands.bench_tally",
     "evalfleet.commands.bench_trace",
     "evalfleet.commands.bench_gateway",
     "evalfleet.commands.bench_replicas",

@@ -1,7 +1,7 @@
 """Helpers shared by the simulator's tests: the project root, a small parametric scenario
 document to vary, the planner's run (its policy and result row) under a given controller, or
 with its budgets recorded (``simulate_planner``), and the ``evalfleet`` command run in-process
-(``run_cli``). Import with ``from tests.sim.sim_support import ...``."""
+(``run_cli``), and a result row as ``bench planner --json`` prints one (``result_row``). Import with ``from tests.sim.sim_support import ...``."""
 
 from __future__ import annotations
 
@@ -132,3 +132,25 @@ def parametric(**over: Any) -> dict[str, Any]:
         else:
             doc[key] = value
     return doc
+
+
+def result_row(
+    makespan: float | None,
+    http_429: int = 0,
+    calls: int = 10_000,
+    bound: float = 1000.0,
+    binding: str | None = "requests",
+    timeouts: int = 0,
+) -> dict[str, Any]:
+    """A policy's row of ``bench planner --json`` with the columns the targets and the tally
+    read (``makespan`` None: stalled)."""
+    return {
+        "makespan_s": makespan,
+        "lower_bound_s": bound,
+        "ratio": None if makespan is None else round(makespan / bound, 3),
+        "calls": calls,
+        "http_429": http_429,
+        "rate_429": http_429 / calls,
+        "binding_limit": binding,
+        "timeouts": timeouts,
+    }

@@ -13,18 +13,7 @@ import pytest
 from evalfleet.cli import main
 from evalfleet.errors import ConfigError
 from sim.compare import compare, read_results
-
-
-def row(makespan: float | None, http_429: int = 0, calls: int = 10_000, bound: float = 1000.0) -> dict[str, Any]:  # fmt: skip
-    return {
-        "makespan_s": makespan,
-        "lower_bound_s": bound,
-        "ratio": None if makespan is None else round(makespan / bound, 3),
-        "calls": calls,
-        "http_429": http_429,
-        "rate_429": http_429 / calls,
-    }
-
+from tests.sim.sim_support import result_row as row
 
 OLD = {
     # met before; the new planner is 10% slower than fixed:20: newly missed
