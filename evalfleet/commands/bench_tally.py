@@ -2,7 +2,7 @@
 
 ``FILE`` (one or more): ``bench planner --json`` output with every policy. Prints how many
 scenarios meet every target, by the header style of their provider (``none``: no rate-limit
-headers) and by the limit that binds the planner's row, the highest rate_429, the instances
+headers) and by the limit that binds the planner's row (and by both), the highest rate_429, the instances
 past their timeout, and each miss with what it misses (``sim.tally``). ``--json`` prints one
 object instead. A scenario found in several files counts once (the later file's). Bad files
 are a ``ConfigError`` naming the file and line, as for ``bench compare``.
@@ -37,6 +37,7 @@ def format_tally(result: Tally) -> str:
     lines = [f"meet every target: {result.met} of {result.judged} scenarios"]
     lines += _groups("by the provider's rate-limit headers:", result.by_headers)
     lines += _groups("by the limit that binds the planner's run:", result.by_binding_limit)
+    lines += _groups("by both:", result.by_headers_and_binding)
     highest = (
         f"{result.highest_rate_429:g} ({result.highest_rate_429_scenario})"
         if result.highest_rate_429_scenario is not None

@@ -48,6 +48,12 @@ def test_a_batch_is_counted_by_headers_and_by_binding_limit() -> None:
         "requests": Group(met=1, total=1),
         UNKNOWN: Group(met=1, total=1),
     }
+    assert result.by_headers_and_binding == {
+        "anthropic, output_tokens": Group(met=0, total=1),
+        "none, output_tokens": Group(met=0, total=1),
+        "none, requests": Group(met=1, total=1),
+        f"{UNKNOWN}, {UNKNOWN}": Group(met=1, total=1),
+    }
     assert (result.highest_rate_429, result.highest_rate_429_scenario) == (0.006, "c-storm")
     assert (result.timeouts, result.runs_with_timeouts) == (4, 2)
     assert [m.scenario for m in result.misses] == ["b-slow", "c-storm"]
@@ -107,6 +113,9 @@ def test_the_command_prints_the_tally(tmp_path: Path, capsys: pytest.CaptureFixt
         "by the provider's rate-limit headers:\n  anthropic  0 of 1\n  none       0 of 2\n" in out
     )
     assert "by the limit that binds the planner's run:\n  output_tokens  0 of 3\n" in out
+    assert (
+        "by both:\n  anthropic, output_tokens  0 of 1\n  none, output_tokens       0 of 2\n" in out
+    )
     assert "highest rate_429: 0.006 (trace-booting)\n" in out
     assert "instances past their timeout: 1 in 1 runs\n" in out
     assert "misses (3):\n  random-7754 [none, output_tokens]: planner 1100.0 s > 1.05x" in out
