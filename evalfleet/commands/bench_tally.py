@@ -2,10 +2,10 @@
 
 ``FILE`` (one or more): ``bench planner --json`` output with every policy. Prints how many
 scenarios meet every target, by the header style of their provider (``none``: no rate-limit
-headers) and by the limit that binds the planner's row (and by both), the highest rate_429, the instances
-past their timeout, and each miss with what it misses (``sim.tally``). ``--json`` prints one
-object instead. A scenario found in several files counts once (the later file's). Bad files
-are a ``ConfigError`` naming the file and line, as for ``bench compare``.
+headers), by the limit that binds the planner's row and by both; the highest rate_429, the
+instances past their timeout, and each miss with what it misses (``sim.tally``). ``--json``
+prints one object instead. A scenario found in several files counts once (the later file's).
+Bad files are a ``ConfigError`` naming the file and line, as for ``bench compare``.
 """
 
 from __future__ import annotations
