@@ -71,6 +71,9 @@ class Tally:
     misses: tuple[Miss, ...]
     #: scenarios without a planner row: nothing to judge
     not_judged: tuple[str, ...] = ()
+    #: scenarios with a planner row and no baseline's (``bench planner --policy planner``):
+    #: judged on the ratio and rate_429 alone, as the targets against baselines have none
+    without_baselines: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         def groups(items: Mapping[str, Group]) -> dict[str, dict[str, int]]:
@@ -96,6 +99,7 @@ class Tally:
                 for m in self.misses
             ],
             "not_judged": list(self.not_judged),
+            "without_baselines": list(self.without_baselines),
         }
 
 
@@ -111,6 +115,7 @@ def tally(
     by_both: dict[str, list[int]] = {}
     misses: list[Miss] = []
     not_judged: list[str] = []
+    without_baselines: list[str] = []
     met = judged = timeouts = runs_with_timeouts = 0
     highest, highest_at = 0.0, None
     for name in sorted(results):
@@ -120,6 +125,8 @@ def tally(
             not_judged.append(name)
             continue
         missed = tuple(violations(rows))
+        if len(rows) == 1:
+            without_baselines.append(name)
         headers = headers_of(name) or UNKNOWN
         binding = ours.get("binding_limit") or UNKNOWN
         judged += 1
@@ -152,6 +159,7 @@ def tally(
         runs_with_timeouts=runs_with_timeouts,
         misses=tuple(misses),
         not_judged=tuple(not_judged),
+        without_baselines=tuple(without_baselines),
     )
 
 

@@ -52,6 +52,12 @@ def format_tally(result: Tally) -> str:
         f"  {m.scenario} [{m.headers}, {m.binding_limit}]: {'; '.join(m.missed)}"
         for m in result.misses
     ]
+    if result.without_baselines:
+        lines.append(
+            f"judged on ratio and rate_429 alone ({len(result.without_baselines)}: no baseline "
+            "rows; run `bench planner` with every policy to judge them against the baselines): "
+            + ", ".join(result.without_baselines)
+        )
     if result.not_judged:
         lines.append(
             f"not judged ({len(result.not_judged)}: no planner row): "

@@ -64,6 +64,22 @@ def test_a_batch_is_counted_by_headers_and_by_binding_limit() -> None:
     assert storm.missed[0] == "planner rate_429 0.006 > 0.005"
     assert len(storm.missed) == 2  # and the 429s against aimd
     assert result.not_judged == ("e-baselines",)
+    assert result.without_baselines == ()
+
+
+def test_a_planner_row_alone_is_judged_and_named_as_without_baselines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `bench planner --policy planner`: only the ratio and rate_429 can be judged
+    alone = {"random-7754": {"planner": row(1100.0)}, "wide-5283": {"planner": row(1300.0)}}
+    result = tally(alone, lambda _: "none")
+    assert (result.met, result.judged) == (1, 2)
+    assert result.without_baselines == ("random-7754", "wide-5283")
+    assert result.misses[0].missed == ("planner ratio 1.3 > 1.20",)
+    path = _write(tmp_path / "planner-only.jsonl", alone)
+    assert main(["bench", "tally", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "judged on ratio and rate_429 alone (2: no baseline rows;" in out
 
 
 def test_a_batch_without_429s_names_no_scenario_for_the_highest_rate() -> None:
