@@ -16,11 +16,9 @@ from pathlib import Path
 
 import click
 
-from evalfleet.settings import PROJECT_ROOT
+from evalfleet.commands.bench_planner import SCENARIO_DIR
 from sim.compare import read_results
 from sim.tally import Group, Tally, headers_by_name, tally
-
-SCENARIO_DIR = PROJECT_ROOT / "scenarios"
 
 
 def _share(group: Group) -> str:

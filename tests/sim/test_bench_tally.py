@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from evalfleet.cli import main
-from evalfleet.settings import PROJECT_ROOT
+from evalfleet.commands.bench_planner import SCENARIO_DIR
 from sim.generate import random_scenario
 from sim.generate_wide import wide_scenario
 from sim.tally import UNKNOWN, Group, headers_by_name, tally
@@ -90,7 +90,7 @@ def test_a_batch_without_429s_names_no_scenario_for_the_highest_rate() -> None:
 
 def test_header_styles_are_found_from_the_scenario_names(tmp_path: Path) -> None:
     (tmp_path / "broken.yaml").write_text("name: broken\ninstances: -1\n", encoding="utf-8")
-    lookup = headers_by_name(PROJECT_ROOT / "scenarios")
+    lookup = headers_by_name(SCENARIO_DIR)
     assert lookup("random-7754") == random_scenario(7754).provider.headers
     assert lookup("wide-5283") == wide_scenario(5283).provider.headers
     # the generators draw every style: the lookup is not one constant
