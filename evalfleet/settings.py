@@ -102,6 +102,14 @@ class Settings(BaseSettings):
         "harness curve's long tasks may be stretched to by the pacer's holds: the planner sizes "
         "no fleet whose projected demand would stretch them further (binding instance_timeout).",
     )
+    planner_timeout_floor: float = Field(
+        default=1.1,
+        ge=1.0,
+        le=2.0,
+        description="The least the instance timeout's bound lets a budget's projected demand be "
+        "over the budget, however long the curve's tasks: at 1.0 a fleet only matches its budget "
+        "and leaves the limit partly idle; higher is faster and stretches long tasks further.",
+    )
     planner_launch_ramp_floor: int = Field(
         default=100,
         ge=1,

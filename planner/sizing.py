@@ -20,8 +20,9 @@ Owns the planner's core arithmetic (DESIGN.md, Planner steps 1-3 and 5):
   that transient, and a bound on it held calls-bound fleets under their budget.
 * The instance timeout. With ``FleetState.instance_timeout_s`` (the live runs' shortest
   ``timeouts.instance_s``) no rate's sustained demand is projected above ``timeout_margin x
-  timeout / tail age`` x its budget (at least 1x): a task stretched by the overdrive would
-  otherwise run past the timeout and land as ``error`` (binding ``instance_timeout``).
+  timeout / tail age`` x its budget (at least ``timeout_floor``, 1.1x): a task stretched by
+  the overdrive would otherwise run past the timeout and land as ``error`` (binding
+  ``instance_timeout``).
 * A launch ramp (``FleetState.ramping``, from ``planner.budget_state.BudgetState.ramping``):
   until the provider has answered, or while its headers leave a budgeted class a guess and no
   429 has come, the ceiling grows at most ``ramp_growth`` x the live fleet per tick (from
@@ -239,11 +240,13 @@ def _stretch_cap(
 ) -> float | None:
     """The most a rate budget's sustained demand may be projected over it so that the curve's
     long tasks (its tail age), stretched by that overdrive, end within ``timeout_margin`` x the
-    live runs' instance timeout; at least 1 (a fleet at its budget is not paced by design).
-    None: no timeout bounds the sizing."""
+    live runs' instance timeout; at least ``timeout_floor`` (a fleet whose demand only matches
+    its budget leaves the limit idle: ``SizingConfig.timeout_floor``). None: no timeout bounds
+    the sizing."""
     if timeout_s is None:
         return None
-    return max(1.0, config.timeout_margin * timeout_s / max(steady.tail_age_s, 1.0))
+    stretch = config.timeout_margin * timeout_s / max(steady.tail_age_s, 1.0)
+    return max(config.timeout_floor, stretch)
 
 
 def _bound_within(

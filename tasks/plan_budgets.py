@@ -103,7 +103,7 @@ def aliases() -> Aliases:
 
 def sizing_config() -> SizingConfig:
     """The planner's sizing constants, with the settings' boot time, token overdrive, launch
-    ramp, the duration spread that keeps old tasks first and the instance timeout's margin."""
+    ramp, the duration spread that keeps old tasks first and the instance timeout's margin and floor."""
     settings = get_settings()
     return SizingConfig(
         boot_s=settings.planner_boot_s,
@@ -113,6 +113,7 @@ def sizing_config() -> SizingConfig:
         ramp_growth=settings.planner_launch_ramp_growth,
         old_first_min_spread=settings.planner_old_first_min_spread,
         timeout_margin=settings.planner_timeout_margin,
+        timeout_floor=settings.planner_timeout_floor,
     )
 
 

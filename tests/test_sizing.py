@@ -517,13 +517,25 @@ def test_the_instance_timeout_bounds_how_far_the_pacer_may_stretch_tasks() -> No
     assert bounded.binding is Binding.INSTANCE_TIMEOUT
     assert bounded.sized_by is Binding.INSTANCE_TIMEOUT
     assert 1.3 < bounded.projections["tokens_per_s"] / 10_000.0 <= 1.5 + 1e-6
-    # a timeout shorter than the long tasks themselves: sized at the budget, never below it
+    # a timeout shorter than the long tasks themselves: sized at the floor (1.1x the budget),
+    # never below it, and at the budget with a floor of 1
     short = decide(
         replace(fleet([]), instance_timeout_s=0.5 * tail), curve, budgets, Counting(), Caps(), CFG
     )
+    assert CFG.timeout_floor == 1.1
     assert short.binding is Binding.INSTANCE_TIMEOUT
-    assert 0.9 < short.projections["tokens_per_s"] / 10_000.0 <= 1.0 + 1e-6
+    assert 1.0 < short.projections["tokens_per_s"] / 10_000.0 <= 1.1 + 1e-6
     assert short.launches_allowed > 0
+    at_budget = decide(
+        replace(fleet([]), instance_timeout_s=0.5 * tail),
+        curve,
+        budgets,
+        Counting(),
+        Caps(),
+        replace(CFG, timeout_floor=1.0),
+    )
+    assert at_budget.ceiling < short.ceiling
+    assert 0.9 < at_budget.projections["tokens_per_s"] / 10_000.0 <= 1.0 + 1e-6
     # a larger margin allows more
     wider = decide(
         replace(fleet([]), instance_timeout_s=timeout),
@@ -538,3 +550,5 @@ def test_the_instance_timeout_bounds_how_far_the_pacer_may_stretch_tasks() -> No
         replace(fleet([]), instance_timeout_s=0.0)
     with pytest.raises(ConfigError, match="timeout_margin"):
         SizingConfig(timeout_margin=0.0)
+    with pytest.raises(ConfigError, match="timeout_floor"):
+        SizingConfig(timeout_floor=0.9)
