@@ -122,8 +122,9 @@ class SizingConfig:
     # A closed fleet paced at a budget stretches each task by its overdrive, and past the run's
     # instance timeout a task lands as ``error``. So no rate budget's sustained demand is
     # projected above ``timeout_margin x instance timeout / the curve's tail age`` x the budget
-    # (at least ``timeout_floor`` x): the curve's long tasks, so stretched, still end within this share of the
-    # timeout. Measured on batch twenty-six (docs/bench-planner.md, fiftieth round). [0.1, 1]
+    # (at least ``timeout_floor`` x): the curve's long tasks, so stretched, still end within
+    # this share of the timeout. Measured on batch twenty-six (docs/bench-planner.md, fiftieth
+    # round). [0.1, 1]
     timeout_margin: float = 0.8
     # The least that bound allows, whatever the curve's long tasks: a fleet whose demand only
     # matches its budget leaves the limit idle while tasks sit in tool calls (the output limit

@@ -103,7 +103,8 @@ def aliases() -> Aliases:
 
 def sizing_config() -> SizingConfig:
     """The planner's sizing constants, with the settings' boot time, token overdrive, launch
-    ramp, the duration spread that keeps old tasks first and the instance timeout's margin and floor."""
+    ramp, the duration spread that keeps old tasks first, and the instance timeout's margin
+    and floor."""
     settings = get_settings()
     return SizingConfig(
         boot_s=settings.planner_boot_s,

@@ -86,6 +86,7 @@ def test_environment_values_are_read_and_typed(
         ("EVALFLEET_PLANNER_TICK_S", "nan", "finite number"),
         ("EVALFLEET_VISIBILITY_TIMEOUT_S", "inf", "finite number"),
         ("EVALFLEET_DEFAULT_MAX_ATTEMPTS", "0", "greater than or equal to 1"),
+        ("EVALFLEET_PLANNER_TIMEOUT_FLOOR", "0.9", "greater than or equal to 1"),
         ("EVALFLEET_DEFAULT_MAX_ATTEMPTS", "2.5", "integer"),
         ("EVALFLEET_DEFAULT_MAX_ATTEMPTS", "21", "less than or equal to 20"),
         ("EVALFLEET_DATABASE_URL", "ledger.sqlite3", "URL with a scheme"),
@@ -206,3 +207,12 @@ def test_export_settings_validates_before_changing_anything(
         assert os.environ["EVALFLEET_PLANNER_TICK_S"] == "20"
     finally:
         get_settings.cache_clear()
+
+
+def test_the_timeout_floor_reaches_the_planners_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks import plan_budgets
+
+    assert plan_budgets.sizing_config().timeout_floor == 1.1
+    monkeypatch.setenv("EVALFLEET_PLANNER_TIMEOUT_FLOOR", "1")
+    get_settings.cache_clear()
+    assert plan_budgets.sizing_config().timeout_floor == 1.0
