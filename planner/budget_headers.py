@@ -154,8 +154,8 @@ def lapse_unstated_caps(
     above it again (rule 6, up to ``max_over_seed`` x the seed it set), and finds a raised
     limit, or draws a 429 that states the limit again and cuts back to it (rule 4). Such a
     re-probe confirms the class's 429 level, but its memory does not double (rule 4: there
-    is no staircase to spare), so an unchanged limit is re-probed every 20 minutes, one 429
-    each, and a raise is found within 20 minutes."""
+    is no staircase to spare), so an unchanged limit is re-probed every
+    ``stated_cap_memory_s`` (5 minutes), one 429 each, and a raise is found within that."""
     stale = [
         cls
         for cls, at in state.cap_stated_at.items()

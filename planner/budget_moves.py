@@ -73,10 +73,11 @@ def cut(
         # they are answered, the settled rate may show the limit rose after all
         unsettled[cls] = (now, drawn, remembered)
     if stated:
-        # a confirmation of a stated limit does not double its memory: there is no staircase
-        # of re-probes to spare (the cut goes under the stated limit at once), and the memory
-        # holds the budget under a limit the provider may raise without saying so
-        memory = min(memory, config.memory_s)
+        # a 429 that states its limit is remembered as long as the stated cap lasts, and a
+        # confirmation does not double it: there is no staircase of re-probes to spare (the
+        # cut goes under the stated limit at once), and the memory holds the budget under a
+        # limit the provider may raise without saying so
+        memory = min(memory, config.stated_cap_memory_s)
     if blamed and remembered < level:
         # a re-probe confirmed the old level: the provider's bucket let the budget climb past
         # it before emptying, so the cut starts from the limit, not from the overshoot

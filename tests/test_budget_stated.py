@@ -90,11 +90,12 @@ def test_a_lapsed_limit_stated_again_by_a_429_caps_the_budget_again() -> None:
         cut_to = s.budgets.output_tokens_per_s
         assert cut_to is not None and cut_to <= 1_000.0  # cut as any 429 cuts, from the limit
         assert s.seed.output_tokens_per_s == pytest.approx(1_000.0)  # not re-based down
-        assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(CFG.memory_s)
-        held, t_held = clean_until(s, t, t + 0.9 * CFG.memory_s)
+        memory = CFG.stated_cap_memory_s
+        assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(memory)
+        held, t_held = clean_until(s, t, t + 0.9 * memory)
         assert held.hard_caps[OUT] == pytest.approx(1_000.0)
-        lapsed, _ = clean_until(held, t_held, t + 1.1 * CFG.memory_s)
-        assert OUT not in lapsed.hard_caps  # re-probed after memory_s again, not twice that
+        lapsed, _ = clean_until(held, t_held, t + 1.1 * memory)
+        assert OUT not in lapsed.hard_caps  # re-probed after the same memory, not twice it
 
 
 def _with_headers(
@@ -133,7 +134,7 @@ def test_a_limit_a_429_states_raised_drops_the_429_level_drawn_under_the_old_one
     s, a = window(s, t + 15.0, LimitType.OUTPUT_TOKENS, observed_limits=raised)
     assert any("stated limit raised" in n for n in a.notes)
     assert s.last_429_level[OUT] == pytest.approx(probe)  # drawn where the re-probe was
-    s, _ = _with_headers(s, t + 15.0, t + 15.0 + 600.0, headers)
+    s, _ = _with_headers(s, t + 15.0, t + 15.0 + 0.9 * CFG.stated_cap_memory_s, headers)
     assert s.budgets.output_tokens_per_s == pytest.approx(1_400.0)  # back up to the new limit
 
 
@@ -148,15 +149,16 @@ def test_a_429_stating_a_lowered_limit_starts_that_limit_afresh() -> None:
     s, _ = window(_openai_like(), 15.0, LimitType.OUTPUT_TOKENS, observed_limits=old)
     s, t = _with_headers(s, 15.0, 15.0 + 2 * CFG.memory_s, headers)
     s, _ = window(s, t + 15.0, LimitType.OUTPUT_TOKENS, observed_limits=old)  # a re-probe
-    assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(CFG.memory_s)
-    t += 15.0 + 300.0  # the limit drops to 600/s; the next 429 states it
+    memory = CFG.stated_cap_memory_s
+    assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(memory)
+    t += 15.0 + memory / 3  # the limit drops to 600/s; the next 429 states it
     lowered = {**headers, LimitType.OUTPUT_TOKENS: 36_000.0}
     s, a = window(s, t, LimitType.OUTPUT_TOKENS, observed_limits=lowered)
     assert OUT in a.cut and not a.rebased
     assert s.seed.output_tokens_per_s == pytest.approx(600.0)  # the stated limit, not a cut
-    assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(CFG.memory_s)
-    s, t = _with_headers(s, t, t + CFG.memory_s + 30.0, headers)
-    assert OUT not in s.hard_caps  # lapsed after memory_s: a raise back is looked for
+    assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(memory)
+    s, t = _with_headers(s, t, t + memory + 30.0, headers)
+    assert OUT not in s.hard_caps  # lapsed after its memory: a raise back is looked for
 
 
 def test_a_newly_stated_header_limit_lifts_a_low_budget_at_once() -> None:
@@ -210,10 +212,11 @@ def test_a_429_that_states_a_dropped_limit_lets_the_budget_back_up_to_it() -> No
     s, _ = window(s, 15.0, LimitType.INPUT_TOKENS, observed_limits=halved)
     assert s.budgets.tokens_per_s == pytest.approx(10_000.0 * CFG.cut)
     assert s.last_429_level[TOK] == pytest.approx(20_000.0)
-    s, _ = clean_until(s, 15.0, 15.0 + 600.0)  # well inside the 429 memory
+    inside = 15.0 + 0.8 * CFG.stated_cap_memory_s  # inside the 429 memory and the cap's
+    s, _ = clean_until(s, 15.0, inside)
     assert s.budgets.tokens_per_s == pytest.approx(10_000.0)  # the stated limit caps it
     # a 429 at the stated limit itself (no header lowered the budget) is remembered there
-    s, _ = window(s, 700.0, LimitType.INPUT_TOKENS, observed_limits=halved)
+    s, _ = window(s, inside + 15.0, LimitType.INPUT_TOKENS, observed_limits=halved)
     assert s.last_429_level[TOK] == pytest.approx(10_000.0)
 
 
@@ -229,8 +232,9 @@ def test_a_429_drawn_at_or_above_a_limit_it_states_lets_growth_back_to_that_limi
     stated = {**headers, LimitType.OUTPUT_TOKENS: 60_000.0}  # 1,000/s
     s, _ = window(_openai_like(), 15.0, LimitType.OUTPUT_TOKENS, observed_limits=stated)
     assert s.budgets.output_tokens_per_s == pytest.approx(1_000.0 * CFG.cut)
-    s, _ = _with_headers(s, 15.0, 600.0, headers)  # inside the 429 memory and the stated cap's
-    assert s.remembers_429_level(OUT, 600.0, CFG) and OUT in s.hard_caps
+    inside = 15.0 + 0.9 * CFG.stated_cap_memory_s  # inside the 429 memory and the stated cap's
+    s, _ = _with_headers(s, 15.0, inside, headers)
+    assert s.remembers_429_level(OUT, inside, CFG) and OUT in s.hard_caps
     assert s.budgets.output_tokens_per_s == pytest.approx(1_000.0)
     # under a limit the success headers state (Anthropic), a 429 at 900/s is our own overdraw
     anthropic = {LimitType.INPUT_TOKENS: 1_200_000.0, LimitType.OUTPUT_TOKENS: 60_000.0}
@@ -241,5 +245,5 @@ def test_a_429_drawn_at_or_above_a_limit_it_states_lets_growth_back_to_that_limi
     s = replace(s, budgets=s.budgets.with_value(OUT, 900.0))
     s, _ = window(s, 30.0, LimitType.OUTPUT_TOKENS, observed_limits=anthropic)
     assert s.last_429_level[OUT] == pytest.approx(900.0)
-    s, _ = _with_headers(s, 30.0, 600.0, anthropic)
+    s, _ = _with_headers(s, 30.0, 30.0 + 0.9 * CFG.stated_cap_memory_s, anthropic)
     assert s.budgets.output_tokens_per_s == pytest.approx(900.0 * (1 - CFG.probe_margin))

@@ -41,8 +41,8 @@ def test_headers_win_over_config_and_are_hard_caps() -> None:
     assert s.budgets.tokens_per_s == pytest.approx(40_000.0)
     assert s.budgets.output_tokens_per_s == 5_000.0  # no header: config
     assert s.hard_caps == {BudgetClass.REQUESTS: 20.0, BudgetClass.TOKENS: 40_000.0}
-    for i in range(1, 40):  # clean windows never grow past a header limit
-        s, _ = window(s, 15.0 * i)
+    for i in range(1, 40):  # clean windows, each restating the limits, never grow past them
+        s, _ = window(s, 15.0 * i, observed_limits=observed)
     assert s.budgets.calls_per_s == pytest.approx(20.0)
     assert s.budgets.tokens_per_s == pytest.approx(40_000.0)
     assert s.budgets.output_tokens_per_s == pytest.approx(7_500.0)  # 1.5x its seed
