@@ -68,17 +68,21 @@ def test_a_limit_only_a_429_stated_lapses_and_a_raise_is_found() -> None:
 
 def test_a_lapsed_limit_stated_again_by_a_429_caps_the_budget_again() -> None:
     """The re-probe of an unchanged limit draws a 429 that states it again: the cap is back,
-    the budget is cut back under it, and the cap next lapses after the same memory, re-probe
-    after re-probe. The stated limit stays the seed: the cuts under it are the provider's
-    bucket refilling, not a limit that dropped (wide-721 of sim.generate_wide: two such cuts
-    re-based the seed to 0.75x the stated limit and growth stalled at 1.5x that; a doubled
-    memory held the budget at the old limit for 40 minutes after the provider raised it)."""
+    the budget is cut back under it, and the cap next lapses after twice the last memory, up
+    to ``memory_s`` (5, 10, 15, 15 minutes): the re-probes of an unchanged limit come ever
+    more rarely, each cutting the budget to 0.75x it (wide-5736: 18 429s at 5 minutes each,
+    against 0.1% of its calls, 10). Not past ``memory_s``: a memory doubled to 40 minutes held
+    wide-721's budget at the old limit that long after the provider raised it. The stated
+    limit stays the seed: the cuts under it are the provider's bucket refilling, not a limit
+    that dropped (wide-721: two such cuts re-based the seed to 0.75x the stated limit and
+    growth stalled at 1.5x that)."""
     seed = Budgets(calls_per_s=50, tokens_per_s=25_000, output_tokens_per_s=None,
                    inflight_tokens=2e6)  # fmt: skip
     stated = {LimitType.OUTPUT_TOKENS: 60_000.0}  # 1,000/s
     s = initial_state(seed, 0.0, cached_input_counts=False, token_class="combined")
     s, _ = window(s, 15.0, LimitType.OUTPUT_TOKENS, observed_limits=stated)
     t = 15.0
+    memory = CFG.stated_cap_memory_s
     for _ in range(3):
         s, t = clean_until(s, t, t + 2 * CFG.memory_s)
         assert OUT not in s.hard_caps
@@ -90,12 +94,12 @@ def test_a_lapsed_limit_stated_again_by_a_429_caps_the_budget_again() -> None:
         cut_to = s.budgets.output_tokens_per_s
         assert cut_to is not None and cut_to <= 1_000.0  # cut as any 429 cuts, from the limit
         assert s.seed.output_tokens_per_s == pytest.approx(1_000.0)  # not re-based down
-        memory = CFG.stated_cap_memory_s
+        memory = min(2 * memory, CFG.memory_s)
         assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(memory)
         held, t_held = clean_until(s, t, t + 0.9 * memory)
         assert held.hard_caps[OUT] == pytest.approx(1_000.0)
         lapsed, _ = clean_until(held, t_held, t + 1.1 * memory)
-        assert OUT not in lapsed.hard_caps  # re-probed after the same memory, not twice it
+        assert OUT not in lapsed.hard_caps  # re-probed after this memory, not later
 
 
 def _with_headers(
@@ -150,13 +154,13 @@ def test_a_429_stating_a_lowered_limit_starts_that_limit_afresh() -> None:
     s, t = _with_headers(s, 15.0, 15.0 + 2 * CFG.memory_s, headers)
     s, _ = window(s, t + 15.0, LimitType.OUTPUT_TOKENS, observed_limits=old)  # a re-probe
     memory = CFG.stated_cap_memory_s
-    assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(memory)
+    assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(2 * memory)  # doubled
     t += 15.0 + memory / 3  # the limit drops to 600/s; the next 429 states it
     lowered = {**headers, LimitType.OUTPUT_TOKENS: 36_000.0}
     s, a = window(s, t, LimitType.OUTPUT_TOKENS, observed_limits=lowered)
     assert OUT in a.cut and not a.rebased
     assert s.seed.output_tokens_per_s == pytest.approx(600.0)  # the stated limit, not a cut
-    assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(memory)
+    assert s.level_memory_s.get(OUT, CFG.memory_s) == pytest.approx(memory)  # afresh
     s, t = _with_headers(s, t, t + memory + 30.0, headers)
     assert OUT not in s.hard_caps  # lapsed after its memory: a raise back is looked for
 
