@@ -153,9 +153,10 @@ def lapse_unstated_caps(
     stated (OpenAI's output-token limit) lapses while the alias is busy: growth may then probe
     above it again (rule 6, up to ``max_over_seed`` x the seed it set), and finds a raised
     limit, or draws a 429 that states the limit again and cuts back to it (rule 4). Such a
-    re-probe confirms the class's 429 level, but its memory does not double (rule 4: there
-    is no staircase to spare), so an unchanged limit is re-probed every
-    ``stated_cap_memory_s`` (5 minutes), one 429 each, and a raise is found within that."""
+    re-probe confirms the class's 429 level and doubles its memory up to ``memory_s``, not
+    past it (``planner.budget_moves``): an unchanged limit is re-probed after 5, 10, then
+    every 15 minutes, one 429 each, and a limit stated otherwise starts again at
+    ``stated_cap_memory_s`` (5 minutes), so a raise after a drop is found within that."""
     stale = [
         cls
         for cls, at in state.cap_stated_at.items()

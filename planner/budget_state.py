@@ -120,10 +120,11 @@ class ControllerConfig:
     # for the rest of the run, after the provider raised it too (wide-64 of sim.generate_wide:
     # an output limit doubled an hour in, the budget held at the old one for seven hours). A
     # 429 that states its limit is remembered as long (budget_moves.cut), so both lapse
-    # together. 5 minutes, not 15 (sixtieth round, docs/bench-planner.md): an output limit
+    # together; each re-probe that finds the limit stated as before doubles that memory, up
+    # to memory_s. 5 minutes, not 15 (sixtieth round, docs/bench-planner.md): an output limit
     # dropped and restored held at the dropped one for up to 15 minutes after the raise
-    # (wide-5519, ratio 1.307; -5551). On the 453 runs with headers of batches 40-43, 448
-    # meet every target (446), none newly missing; 666 429s (379): one per re-probe
+    # (wide-5519, ratio 1.307; -5551); without the doubling, re-probes of an unchanged limit
+    # every 5 minutes cost two runs of batch 46 (wide-5730, -5736)
     stated_cap_memory_s: float = 300.0
     reprobe_same: float = 1.8
     # a re-probe whose drained rate (planner.drain, read where a 429 names no limit) would hold
