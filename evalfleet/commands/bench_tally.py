@@ -2,7 +2,9 @@
 
 ``FILE`` (one or more): ``bench planner --json`` output with every policy. Prints how many
 scenarios meet every target, by the header style of their provider (``none``: no rate-limit
-headers), by the limit that binds the planner's row and by both; the highest rate_429, the
+headers), by the limit that binds the planner's row and by both, and by header style with
+the operator's cache belief (right or wrong) and with the binding class's seed over its limit
+(``sim.tally.seed_bucket``); the highest rate_429, the
 instances past their timeout, and each miss with what it misses (``sim.tally``). ``--json``
 prints one object instead. A scenario found in several files counts once (the later file's).
 Bad files are a ``ConfigError`` naming the file and line, as for ``bench compare``.
@@ -18,7 +20,7 @@ import click
 
 from evalfleet.commands.bench_planner import SCENARIO_DIR
 from sim.compare import read_results
-from sim.tally import Group, Tally, headers_by_name, tally
+from sim.tally import Group, Tally, tally, traits_by_name
 
 
 def _share(group: Group) -> str:
@@ -36,6 +38,10 @@ def format_tally(result: Tally) -> str:
     lines += _groups("by the provider's rate-limit headers:", result.by_headers)
     lines += _groups("by the limit that binds the planner's run:", result.by_binding_limit)
     lines += _groups("by both:", result.by_headers_and_binding)
+    lines += _groups("by the operator's cache belief:", result.by_headers_and_belief)
+    lines += _groups(
+        "by the binding class's seed over its limit at the start:", result.by_headers_and_seed
+    )
     highest = (
         f"{result.highest_rate_429:g} ({result.highest_rate_429_scenario})"
         if result.highest_rate_429_scenario is not None
@@ -73,8 +79,9 @@ def format_tally(result: Tally) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_tally(files: tuple[Path, ...], as_json: bool) -> None:
-    """Sum up `bench planner --json` results: targets met, by headers and binding limit."""
-    result = tally(read_results(files), headers_by_name(SCENARIO_DIR))
+    """Sum up `bench planner --json` results: targets met, by headers, binding limit, cache
+    belief and seed."""
+    result = tally(read_results(files), traits_by_name(SCENARIO_DIR))
     if as_json:
         click.echo(json.dumps(result.as_json()))
     else:
