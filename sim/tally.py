@@ -37,7 +37,6 @@ __all__ = [
     "Miss",
     "ScenarioTraits",
     "Tally",
-    "headers_by_name",
     "seed_bucket",
     "tally",
     "traits_by_name",
@@ -283,17 +282,5 @@ def traits_by_name(scenario_dir: Path) -> Callable[[str], ScenarioTraits | None]
             return traits_of_scenario(load_scenario(path))
         except ConfigError:
             return None
-
-    return lookup
-
-
-def headers_by_name(scenario_dir: Path) -> Callable[[str], str | None]:
-    """A lookup of a scenario's header style (``anthropic``, ``openai`` or ``none``) by its
-    name, as ``traits_by_name`` finds it."""
-    traits = traits_by_name(scenario_dir)
-
-    def lookup(name: str) -> str | None:
-        found = traits(name)
-        return found.headers if found is not None else None
 
     return lookup

@@ -19,7 +19,6 @@ from sim.tally import (
     UNKNOWN,
     Group,
     ScenarioTraits,
-    headers_by_name,
     seed_bucket,
     tally,
     traits_by_name,
@@ -174,14 +173,19 @@ def test_traits_are_the_scenarios_belief_and_seeds_over_its_limits() -> None:
     right = lookup("trace-booting")
     assert right is not None and right.belief_right is True
     # the generators draw both beliefs: the lookup is not one constant
-    drawn = {lookup(f"wide-{seed}").belief_right for seed in range(5296, 5340)}  # type: ignore[union-attr]
+    drawn = {t.belief_right for seed in range(5296, 5340) if (t := lookup(f"wide-{seed}"))}
     assert drawn == {True, False}
     assert lookup("no-such-scenario") is None
 
 
 def test_header_styles_are_found_from_the_scenario_names(tmp_path: Path) -> None:
     (tmp_path / "broken.yaml").write_text("name: broken\ninstances: -1\n", encoding="utf-8")
-    lookup = headers_by_name(SCENARIO_DIR)
+    traits = traits_by_name(SCENARIO_DIR)
+
+    def lookup(name: str) -> str | None:
+        found = traits(name)
+        return found.headers if found is not None else None
+
     assert lookup("random-7754") == random_scenario(7754).provider.headers
     assert lookup("wide-5283") == wide_scenario(5283).provider.headers
     # the generators draw every style: the lookup is not one constant
@@ -191,7 +195,7 @@ def test_header_styles_are_found_from_the_scenario_names(tmp_path: Path) -> None
     assert lookup("parametric-seed-high-no-headers") == "none"
     assert lookup("no-such-scenario") is None
     assert lookup("random-x") is None
-    assert headers_by_name(tmp_path)("broken") is None
+    assert traits_by_name(tmp_path)("broken") is None
 
 
 def _write(path: Path, results: dict[str, dict[str, Any]]) -> Path:
